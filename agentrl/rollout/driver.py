@@ -40,6 +40,8 @@ class RolloutConfig:
     drop_truncated: bool = False
     advantage: str = "mean_std"  # "mean_std" or "mean"
     tool_workers: int = 16
+    # Off by default: several calls per turn are allowed, and a model ends its turn with its end-of-turn token.
+    stop_after_tool_call: bool = False
 
     def __post_init__(self):
         for name in ("num_generations", "rollouts_in_flight", "max_turns", "max_tokens_per_turn", "max_total_tokens",
@@ -168,14 +170,14 @@ class RolloutDriver:
         c = self.config
         seed = None if c.seed is None else c.seed * 1_000_003 + next(self._rollout_seeds)
         return SamplingParams(max_new_tokens=budget, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                              seed=seed, stop_sequences=tuple(self.fmt.stop_sequences))
+                              seed=seed,
+                              stop_sequences=tuple(map(tuple, self.fmt.stop_sequences)) if c.stop_after_tool_call else ())
 
     async def _rollout(self, group: Group) -> Group:
         c, env, fmt = self.config, self.env, self.fmt
         prompt: Prompt = group.prompt
-        episode = env.start(prompt.sample)
-        messages = env.prompt(prompt.sample)
-        episode.messages = list(messages)
+        episode = env.start(prompt.sample)  # its messages start as the prompt
+        messages = list(episode.messages)
         traj = Trajectory(prompt_index=prompt.index, epoch=prompt.epoch, group_id=group.group_id,
                           gold=prompt.sample.get("answer"))
         traj.append(fmt.prompt_ids(messages), trainable=False)
