@@ -1,0 +1,25 @@
+"""The trainer's building blocks: samples -> packed rows -> chunked logprobs -> loss -> optimizer step -> checkpoint.
+
+Exports are lazy so that `agentrl.train.config` (no torch) can validate a config before anything heavy loads.
+"""
+
+_EXPORTS = {
+    "TrainSample": "samples",
+    "PackedBatch": "pack", "TrainableTokens": "pack", "pack_samples": "pack", "first_fit_decreasing": "pack",
+    "packed_hidden_states": "logprobs", "packed_token_logprobs": "logprobs", "chunked_logprobs": "logprobs",
+    "packing_error": "logprobs", "is_hybrid": "logprobs",
+    "policy_loss": "loss", "loss_denominator": "loss", "group_advantages": "loss",
+    "build_optimizer": "optim", "build_scheduler": "optim", "should_skip": "optim", "Stepper": "optim",
+    "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint",
+    "TrainConfig": "config", "ConfigError": "config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f"agentrl.train.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'agentrl.train' has no attribute {name!r}")

@@ -1,0 +1,293 @@
+"""From a packed batch to per-token logprobs: the packed forward and the chunked lm_head.
+
+Packed forward. Dense models get the whole `[R, T]` batch with `position_ids` and no attention mask; transformers
+sees positions restart and builds the block-diagonal causal mask itself (a dense boolean mask under sdpa/eager,
+which is what the CPU tests run; a block-sparse `BlockMask` under flex_attention on GPU, where the attention
+between samples is skipped rather than masked). `use_cache=False` is not optional: transformers only looks for
+packed sequences when there is no cache, and a model whose config says `use_cache=True` would otherwise build
+one and silently attend across samples.
+
+Hybrid models (linear-attention layers) carry a recurrent state and a short convolution along the sequence, and
+the torch fallbacks of those layers know nothing of sample seams. Unless the caller vouches for varlen kernels
+(`hybrid_varlen=True`, e.g. flash-linear-attention, checked once with `packing_error`), each row's samples are run
+as a right-padded batch of their own and scattered back into the packed layout: right padding sits after every
+real token, so a causal model computes the real positions exactly, and no state crosses a sample.
+
+Chunked lm_head. Full logits for 25k packed tokens at a 152k vocabulary are 15 GiB in fp32; only trainable
+positions need them, and only a chunk at a time. GEMMs run in the model dtype (tensor cores), softmax statistics
+and gradient accumulation in fp32; the backward recomputes each chunk's logits instead of storing them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from agentrl.train.pack import PackedBatch
+
+
+def is_hybrid(model) -> bool:
+    return "linear_attention" in (getattr(model.config, "layer_types", None) or ())
+
+
+def varlen_kernels_installed() -> bool:
+    """flash-linear-attention is the one package whose delta-rule kernels take sample boundaries (cu_seqlens)."""
+    return importlib.util.find_spec("fla") is not None
+
+
+def _decoder(model):
+    get = getattr(model, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    return decoder if decoder is not None else model.model
+
+
+def _check_attention(model):
+    impl = getattr(model.config, "_attn_implementation", None) or ""
+    if "paged" in impl:
+        # The engine's paged implementation reads a cache object and ignores position-based packing.
+        raise ValueError(f"the training forward cannot run through the attention implementation {impl!r}; "
+                         f"give the engine its own view of the model")
+
+
+def packed_hidden_states(model, batch: PackedBatch, *, hybrid_varlen: bool = False) -> torch.Tensor:
+    """Final hidden states `[R, T, H]` of `batch` (after the decoder's final norm, before the lm_head).
+
+    Positions on padding hold whatever the model computes there (or zeros on the hybrid reference path); they
+    are masked out of every loss term.
+    """
+    _check_attention(model)
+    decoder = _decoder(model)
+    if not is_hybrid(model):
+        out = decoder(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
+        return out.last_hidden_state
+    if hybrid_varlen:
+        if not varlen_kernels_installed():
+            raise RuntimeError("hybrid_varlen=True needs flash-linear-attention (package `fla`), whose kernels take "
+                               "sample boundaries; without it use the per-sample reference path (hybrid_varlen=False)")
+        return _varlen_hidden_states(decoder, batch)
+    return _per_sample_hidden_states(decoder, batch)
+
+
+def _varlen_hidden_states(decoder, batch: PackedBatch) -> torch.Tensor:
+    # Varlen kernels take one flat row with cumulative boundaries, so the rows are laid end to end.
+    n_rows, width = batch.input_ids.shape
+    cu = batch.flat_cu_seqlens().to(batch.input_ids.device)
+    max_len = int((cu[1:] - cu[:-1]).max())
+    out = decoder(
+        input_ids=batch.input_ids.reshape(1, -1), position_ids=batch.position_ids.reshape(1, -1), use_cache=False,
+        cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len, max_length_k=max_len,
+    )
+    return out.last_hidden_state.reshape(n_rows, width, -1)
+
+
+def _per_sample_hidden_states(decoder, batch: PackedBatch) -> torch.Tensor:
+    device = batch.input_ids.device
+    width = batch.input_ids.shape[1]
+    rows = []
+    for r, segs in enumerate(batch.segments):
+        longest = max(n for _, _, n in segs)
+        ids = torch.zeros((len(segs), longest), dtype=torch.long, device=device)
+        for j, (_, start, n) in enumerate(segs):
+            ids[j, :n] = batch.input_ids[r, start:start + n]
+        # Plain causal positions and no mask: every row of this small batch is one sample, right-padded.
+        pos = torch.arange(longest, device=device).expand(len(segs), -1)
+        hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
+        pieces = [hidden[j, :n] for j, (_, _, n) in enumerate(segs)]
+        used = sum(n for _, _, n in segs)
+        if used < width:
+            pieces.append(hidden.new_zeros(width - used, hidden.shape[-1]))
+        rows.append(torch.cat(pieces))
+    return torch.stack(rows)
+
+
+def packing_error(model, *, lengths: tuple[int, ...] = (7, 5, 3), hybrid_varlen: bool = False, seed: int = 0) -> float:
+    """Largest |packed - per-sample| hidden-state difference on a synthetic packed row.
+
+    A training loop calls this once before its first step, on the real model and attention implementation: a
+    kernel that ignores sample boundaries shows up here as an O(1) difference rather than as a quietly worse run.
+    (On the hybrid per-sample path it is 0 by construction; there it is the varlen kernels that need checking.)
+    """
+    from agentrl.train.pack import pack_samples
+    from agentrl.train.samples import TrainSample
+
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for n in lengths:
+        ids = torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
+        samples.append(TrainSample(ids, [0] + [1] * (n - 1), [0.0] * n, [-1] + [0] * (n - 1)))
+    batch = pack_samples(samples, sum(lengths) + 1).to(model.device)  # one row with a padding tail
+    with torch.no_grad():
+        packed = packed_hidden_states(model, batch, hybrid_varlen=hybrid_varlen)
+        reference = _per_sample_hidden_states(_decoder(model), batch)
+    real = batch.position_ids.new_zeros(batch.position_ids.shape, dtype=torch.bool)
+    real[:, :batch.num_tokens] = True
+    return float((packed[real].float() - reference[real].float()).abs().max())
+
+
+class ChunkedLMHead(torch.autograd.Function):
+    """`(hidden [N, H], weight [V, H], targets [N]) -> (logprobs [N], entropy [N])`, both fp32, chunk by chunk.
+
+    Only `[chunk, V]` logits exist at any time. The forward keeps each row's logsumexp and entropy; the backward
+    recomputes the chunk's logits and accumulates the weight gradient into one fp32 buffer. Past the GEMMs the
+    work is memory-bound passes over `[chunk, V]` fp32, which is why those two steps are plain functions that
+    torch.compile fuses into one or two passes on GPU. Measured on an H200, 16k tokens x 152k vocab x 1024 hidden,
+    bf16, 1024-row chunks, forward + backward: 45 ms and 2.2 GiB compiled, 128 ms eager, against 51 ms and 28 GiB
+    for full fp32 logits.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk_size: int, compiled: bool):
+        n = hidden.shape[0]
+        stats, _ = _steps(compiled)
+        logprobs = hidden.new_empty(n, dtype=torch.float32)
+        entropy = hidden.new_empty(n, dtype=torch.float32)
+        lse = hidden.new_empty(n, dtype=torch.float32)
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            logprobs[s:e], entropy[s:e], lse[s:e] = stats(_logits(hidden[s:e], weight), targets[s:e], 1.0 / temperature)
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+        ctx.temperature, ctx.chunk_size, ctx.compiled = temperature, chunk_size, compiled
+        # An unused output (entropy is usually only logged) then arrives as None and costs nothing in backward.
+        ctx.set_materialize_grads(False)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        none = (None,) * 6
+        if (grad_logprobs is None and grad_entropy is None) or not (need_hidden or need_weight):
+            return none
+        _, grad_step = _steps(ctx.compiled)
+        chunk, inv_temp = ctx.chunk_size, 1.0 / ctx.temperature
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        for s in range(0, hidden.shape[0], chunk):
+            e = min(s + chunk, hidden.shape[0])
+            g_lp = grad_logprobs[s:e] if grad_logprobs is not None else None
+            g_ent = grad_entropy[s:e] if grad_entropy is not None else None
+            gz = grad_step(_logits(hidden[s:e], weight), targets[s:e], lse[s:e], entropy[s:e], g_lp, g_ent, inv_temp,
+                           weight.dtype)
+            # The GEMMs run in the model dtype; .float() copies here would fall onto fp32 SIMT kernels (the
+            # backward took 550 ms against 297 ms in bf16 on a 4B model). fp32 survives where it matters: in
+            # the softmax and in the buffer the weight gradient is summed into across chunks.
+            if need_hidden:
+                grad_hidden[s:e] = gz @ weight
+            if need_weight:
+                _accumulate(grad_weight, gz.t(), hidden[s:e])
+        if need_weight:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, inv_temp: float):
+    """Per row: logprob of the target, entropy, logsumexp, of softmax(logits * inv_temp); all fp32."""
+    z = logits * inv_temp
+    lse = torch.logsumexp(z, dim=-1)
+    p = torch.exp(z - lse[:, None])
+    return z.gather(1, targets[:, None]).squeeze(1) - lse, lse - (p * z).sum(-1), lse
+
+
+def _chunk_grad(logits, targets, lse, entropy, grad_logprobs, grad_entropy, inv_temp: float, dtype: torch.dtype):
+    """Gradient w.r.t. the raw logits, in `dtype`, from the saved logsumexp and entropy.
+
+    d logprob / dz = onehot(target) - p;  d entropy / dz = -p * (z - (lse - entropy));  dz / dlogits = inv_temp.
+    `p - onehot` is formed in fp32 before the cast: p_target near 1 would round the difference to 0 in bf16.
+    """
+    z = logits * inv_temp
+    p = torch.exp(z - lse[:, None])
+    grad = torch.zeros_like(z)
+    if grad_logprobs is not None:
+        onehot = torch.arange(z.shape[1], device=z.device)[None, :] == targets[:, None]
+        grad = (p - onehot.to(z.dtype)) * (-grad_logprobs)[:, None]
+    if grad_entropy is not None:
+        grad = grad - p * (z - (lse - entropy)[:, None]) * grad_entropy[:, None]
+    return (grad * inv_temp).to(dtype)
+
+
+_COMPILED = {}
+
+
+def _steps(compiled: bool):
+    if not compiled:
+        return _chunk_stats, _chunk_grad
+    if not _COMPILED:
+        # dynamic=None: the first chunk size compiles static, the ragged last chunk once more as dynamic; no
+        # recompiles after that, whatever the batch
+        _COMPILED["steps"] = (torch.compile(_chunk_stats), torch.compile(_chunk_grad))
+    return _COMPILED["steps"]
+
+
+_FP32_OUT = {}  # device type -> whether torch.mm / addmm take out_dtype there (CUDA in recent torch)
+
+
+def _fp32_out(device: torch.device) -> bool:
+    if device.type not in _FP32_OUT:
+        try:
+            a = torch.ones(2, 2, dtype=torch.bfloat16, device=device)
+            c = torch.zeros(2, 2, dtype=torch.float32, device=device)
+            torch.mm(a, a, out_dtype=torch.float32)
+            torch.addmm(c, a, a, out_dtype=torch.float32, out=c)
+            _FP32_OUT[device.type] = bool(c[0, 0] == 2)
+        except (RuntimeError, TypeError, NotImplementedError):
+            _FP32_OUT[device.type] = False
+    return _FP32_OUT[device.type]
+
+
+def _logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if hidden.dtype != torch.float32 and _fp32_out(hidden.device):
+        return torch.mm(hidden, weight.t(), out_dtype=torch.float32)  # low-precision GEMM writing fp32 directly
+    return (hidden @ weight.t()).float()
+
+
+def _accumulate(buffer: torch.Tensor, a: torch.Tensor, b: torch.Tensor):
+    """buffer (fp32) += a @ b, the product computed in a's dtype."""
+    if a.dtype == torch.float32:
+        buffer.addmm_(a, b)
+    elif _fp32_out(a.device):
+        torch.addmm(buffer, a, b, out_dtype=torch.float32, out=buffer)
+    else:
+        buffer.add_(a @ b)
+
+
+def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                     temperature: float = 1.0, chunk_size: int = 1024,
+                     compile: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row logprob of `targets` and entropy under `softmax(hidden @ weight.T / temperature)`, in fp32.
+
+    `compile` (default: on CUDA) fuses the per-chunk softmax work with torch.compile; the CPU path runs the same
+    functions eagerly.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"expected hidden [N, H] and weight [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(f"targets {tuple(targets.shape)} do not match hidden rows {hidden.shape[0]}")
+    if hidden.dtype != weight.dtype:
+        raise ValueError(f"hidden is {hidden.dtype} but the lm_head weight is {weight.dtype}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    compiled = hidden.is_cuda if compile is None else compile
+    return ChunkedLMHead.apply(hidden, weight, targets.long(), float(temperature), int(chunk_size), compiled)
+
+
+def lm_head_weight(model) -> torch.Tensor:
+    """The vocabulary projection, refusing heads the chunked path would compute wrongly (bias, logit scaling)."""
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ValueError("the chunked lm_head assumes a bias-free vocabulary projection")
+    for name in ("final_logit_softcapping", "logit_scale"):
+        if getattr(model.config, name, None) not in (None, 1.0):
+            raise ValueError(f"the model's logits are post-processed ({name}); the chunked lm_head does not do that")
+    return head.weight
+
+
+def packed_token_logprobs(model, batch: PackedBatch, *, temperature: float = 1.0, chunk_size: int = 1024,
+                          hybrid_varlen: bool = False, compile: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob and entropy `[M]` of every trained target of `batch`, in `batch.trainable_tokens()` order."""
+    hidden = packed_hidden_states(model, batch, hybrid_varlen=hybrid_varlen)
+    mask = batch.loss_mask.to(hidden.device)
+    return chunked_logprobs(hidden[mask], lm_head_weight(model), batch.target_ids.to(hidden.device)[mask],
+                            temperature=temperature, chunk_size=chunk_size, compile=compile)

@@ -1,0 +1,141 @@
+"""Token-level clipped policy-gradient loss (GRPO / DAPO / Dr.GRPO) against the engine's behaviour logprobs.
+
+This trainer takes one optimizer step per batch while the engine keeps generating from the same weights (zero
+sync), so there is no separate "old" policy to recompute: the old logprobs are the behaviour logprobs the engine
+sampled with, and the ratio is `r = exp(current - behaviour)`.
+
+That ratio is already the importance weight of the gradient (`d(r * A) = r * A * d log pi`), so truncated
+importance sampling caps *that* weight at `tis_cap` rather than multiplying a second copy of it in (which would
+weight the gradient by r squared): the surrogate is scaled by `min(r, cap) / r`, with `r` detached, giving a
+gradient weight of `min(r, cap)`. This matters where the clip does not act: for a negative advantage the PPO
+surrogate keeps `r * A` however large r grows, and a token the engine found unlikely but the trainer does not
+(a kernel or precision mismatch, or staleness) would otherwise dominate the step.
+
+Aggregation, written as `sum_t w_t * loss_t / D` so that a batch split into micro-batches sums to the same loss
+when each part is given the whole batch's `D` (`loss_denominator`):
+- grpo:    w_t = 1 / (kept tokens of t's sample),  D = samples with a kept token  (sequence mean, then batch mean)
+- dapo:    w_t = 1,                                D = kept tokens                 (token mean over the batch)
+- dr_grpo: w_t = 1,                                D = samples * dr_grpo_max_tokens (constant normaliser)
+Tokens older than `current_version - max_staleness` are dropped (`stale_weight = 0`, out of every count) or
+down-weighted (kept in the counts, with weight `stale_weight`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from agentrl.train.config import ADVANTAGE_MODES, LossConfig
+from agentrl.train.pack import TrainableTokens
+
+_MAX_LOG_RATIO = 20.0  # exp(20) = 4.9e8, far past any clip or cap; keeps inf * 0 from turning into nan
+
+
+def group_advantages(rewards: Sequence[float] | torch.Tensor, mode: str = "mean_std", eps: float = 1e-6) -> torch.Tensor:
+    """Advantages of one group (or `[G, n]` groups) of rewards, over the last dim.
+
+    `mean_std`: (r - mean) / (std + eps), std the population one (ddof 0), so a group split evenly between
+    rewards a and b gets exactly +-1 (up to eps). `mean`: r - mean (Dr.GRPO: no division by std, which
+    over-weights groups whose rewards barely differ). A group with one reward everywhere gets zeros.
+    """
+    if mode not in ADVANTAGE_MODES:
+        raise ValueError(f"advantage mode {mode!r} is not one of {ADVANTAGE_MODES}")
+    r = torch.as_tensor(rewards, dtype=torch.float64)
+    centred = r - r.mean(dim=-1, keepdim=True)
+    if mode == "mean_std":
+        centred = centred / (r.std(dim=-1, unbiased=False, keepdim=True) + eps)
+    return centred.float()
+
+
+def _keep_weights(tokens: TrainableTokens, cfg: LossConfig, current_version: int) -> torch.Tensor:
+    keep = torch.ones(len(tokens), dtype=torch.float32, device=tokens.versions.device)
+    if cfg.max_staleness is not None:
+        stale = tokens.versions < current_version - cfg.max_staleness
+        keep = torch.where(stale, torch.full_like(keep, cfg.stale_weight), keep)
+    return keep
+
+
+def _token_weights(tokens: TrainableTokens, cfg: LossConfig, current_version: int):
+    keep = _keep_weights(tokens, cfg, current_version)
+    kept = (keep > 0).float()
+    if cfg.type == "grpo":
+        per_sample = torch.zeros(tokens.num_samples, dtype=torch.float32, device=keep.device)
+        per_sample.index_add_(0, tokens.sample_index, kept)
+        weights = keep / per_sample[tokens.sample_index].clamp(min=1)
+        denominator = (per_sample > 0).sum().float()
+    elif cfg.type == "dapo":
+        weights, denominator = keep, kept.sum()
+    else:
+        weights = keep
+        denominator = torch.tensor(float(tokens.num_samples * cfg.dr_grpo_max_tokens), device=keep.device)
+    return weights, denominator
+
+
+def loss_denominator(tokens: TrainableTokens, cfg: LossConfig, current_version: int) -> torch.Tensor:
+    """`D` of the whole batch, for callers that run it as several micro-batches (pass it to each `policy_loss`)."""
+    return _token_weights(tokens, cfg, current_version)[1]
+
+
+def policy_loss(logprobs: torch.Tensor, tokens: TrainableTokens, cfg: LossConfig, *, current_version: int,
+                entropy: torch.Tensor | None = None, denominator: torch.Tensor | float | None = None):
+    """Loss (a scalar with grad) and a metrics dict of python numbers for the `[M]` trained tokens of a batch.
+
+    `logprobs` / `entropy` come from `packed_token_logprobs`, in `tokens`' order. `current_version` is the policy
+    version the parameters hold now (staleness is measured against it).
+    """
+    if logprobs.shape != tokens.behaviour_logprobs.shape:
+        raise ValueError(f"logprobs {tuple(logprobs.shape)} do not match {len(tokens)} trained tokens")
+    device = logprobs.device
+    tokens = tokens.to(device)
+    behaviour, adv = tokens.behaviour_logprobs, tokens.advantages
+    log_ratio = logprobs.float() - behaviour
+    ratio = torch.exp(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
+    surrogate = torch.minimum(ratio * adv, clipped * adv)
+    if cfg.tis_cap is not None:
+        w = ratio.detach()
+        surrogate = surrogate * (w.clamp(max=cfg.tis_cap) / w)
+
+    weights, own_denominator = _token_weights(tokens, cfg, current_version)
+    d = own_denominator if denominator is None else torch.as_tensor(denominator, dtype=torch.float32, device=device)
+    loss = -(surrogate * weights).sum() / d.clamp(min=1)
+    return loss, _metrics(log_ratio.detach(), adv, tokens, cfg, current_version, entropy)
+
+
+@torch.no_grad()
+def _metrics(log_ratio, adv, tokens: TrainableTokens, cfg: LossConfig, current_version: int, entropy) -> dict:
+    n = log_ratio.numel()
+    if n == 0:
+        return {"tokens": 0}
+    ratio = log_ratio.exp()
+    staleness = current_version - tokens.versions
+    stale = torch.zeros_like(staleness, dtype=torch.bool)
+    if cfg.max_staleness is not None:
+        stale = staleness > cfg.max_staleness
+    names = ["clip_low_frac", "clip_high_frac", "is_ratio_mean", "is_ratio_max", "is_ratio_min",
+             "kl_behaviour_current", "staleness_mean", "staleness_min", "stale_tokens"]
+    values = [
+        ((ratio < 1 - cfg.clip_low) & (adv < 0)).float().mean(),  # the clip removed this token's gradient
+        ((ratio > 1 + cfg.clip_high) & (adv > 0)).float().mean(),
+        ratio.mean(), ratio.max(), ratio.min(),
+        # k3 estimator of KL(behaviour || current) from tokens sampled by the behaviour policy: unbiased, >= 0
+        (ratio - 1 - log_ratio).mean(),
+        staleness.float().mean(), staleness.min().float(), stale.sum().float(),
+    ]
+    if cfg.tis_cap is not None:
+        names.append("tis_truncated_frac")
+        values.append((ratio > cfg.tis_cap).float().mean())
+    if entropy is not None:
+        names.append("entropy_mean")
+        values.append(entropy.detach().float().mean())
+    out = dict(zip(names, torch.stack(values).tolist()))  # one host sync for every scalar
+    if out["staleness_min"] < 0:
+        raise ValueError(f"tokens carry policy versions newer than the current one ({current_version}): the "
+                         f"engine and the trainer disagree on the version counter")
+    out["tokens"] = n
+    out["stale_tokens"] = int(out["stale_tokens"])
+    counts = torch.bincount(staleness).tolist()
+    out["staleness_hist"] = {s: c for s, c in enumerate(counts) if c}
+    del out["staleness_min"]
+    return out

@@ -1,0 +1,110 @@
+"""AdamW, the warmup + cosine schedule, gradient clipping and the non-finite step guard.
+
+One optimizer step per batch. A step whose loss or gradient norm is not finite is skipped whole (no update, no
+schedule advance, gradients cleared) and counted: one bad batch (an engine logprob of -inf, an overflow) should
+not write NaN into weights that the engine is generating from at that very moment. Too many in a row means the
+run itself is broken, and it stops.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from agentrl.train.config import OptimConfig
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; matrices decay, vectors (norms, biases) do not.
+
+    The fused kernel is used when every parameter lives on CUDA: one launch for the whole update instead of a
+    handful per tensor. Elsewhere (the CPU tests) the default implementation runs.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]  # tied weights appear once
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    fused = bool(params) and all(p.is_cuda for p in params)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None)
+
+
+class WarmupCosine:
+    """LR multiplier: linear warmup from 1/warmup to 1, then cosine down to `min_ratio` at `total_steps`.
+
+    A class rather than a closure so that LambdaLR's state_dict records its fields with the checkpoint.
+    """
+
+    def __init__(self, warmup_steps: int, total_steps: int, min_ratio: float = 0.0):
+        self.warmup_steps, self.total_steps, self.min_ratio = warmup_steps, total_steps, min_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        span = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(cfg.warmup_steps, total_steps, cfg.min_lr_ratio))
+
+
+def clip_grad_norm(params, max_norm: float | None) -> torch.Tensor:
+    """Total gradient norm before clipping; clips to `max_norm` unless None (the norm is still wanted for logs)."""
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return torch.zeros(())
+    if max_norm is None:
+        return torch.nn.utils.get_total_norm([p.grad for p in params])
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+def should_skip(loss: torch.Tensor | float, grad_norm: torch.Tensor | float) -> bool:
+    """True when the step must not be applied: a non-finite loss or gradient norm."""
+    values = torch.stack([torch.as_tensor(loss, dtype=torch.float32).detach().reshape(()).cpu(),
+                          torch.as_tensor(grad_norm, dtype=torch.float32).detach().reshape(()).cpu()])
+    return not bool(torch.isfinite(values).all())
+
+
+@dataclass
+class StepResult:
+    grad_norm: float
+    lr: float
+    skipped: bool
+
+
+class Stepper:
+    """Clip, check, step (or skip and count), advance the schedule, clear gradients: the end of every train step."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, cfg: OptimConfig):
+        self.model, self.optimizer, self.scheduler, self.cfg = model, optimizer, scheduler, cfg
+        self.skipped_total = 0
+        self.skipped_in_a_row = 0
+
+    def step(self, loss: torch.Tensor) -> StepResult:
+        grad_norm = clip_grad_norm(self.model.parameters(), self.cfg.max_grad_norm)
+        lr = self.optimizer.param_groups[0]["lr"]
+        skip = should_skip(loss, grad_norm)
+        if skip:
+            self.skipped_total += 1
+            self.skipped_in_a_row += 1
+            if self.skipped_in_a_row >= self.cfg.max_consecutive_skips:
+                raise RuntimeError(f"{self.skipped_in_a_row} steps in a row had a non-finite loss or gradient norm "
+                                   f"(last loss {float(loss.detach())}, grad norm {float(grad_norm)}); stopping the run")
+        else:
+            self.skipped_in_a_row = 0
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(grad_norm=float(grad_norm), lr=lr, skipped=skip)
+
+    def state_dict(self) -> dict:
+        return {"skipped_total": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row}
+
+    def load_state_dict(self, state: dict):
+        self.skipped_total = int(state["skipped_total"])
+        self.skipped_in_a_row = int(state["skipped_in_a_row"])

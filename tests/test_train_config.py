@@ -1,0 +1,88 @@
+"""Config files, command-line overrides, and the errors a bad value gets before any work starts."""
+
+import pytest
+
+from agentrl.train.config import ConfigError, LossConfig, OptimConfig, TrainConfig
+
+YAML = """
+steps: 50
+row_tokens: 4096
+model:
+  name: tiny-qwen3
+  dtype: float32
+rollout:
+  group_size: 4
+  max_sample_tokens: 2048
+loss:
+  type: dapo
+  clip_eps_high: 0.28
+  tis_cap: null
+optim:
+  lr: 1e-6          # YAML reads this one as a string
+  betas: [0.9, 0.95]
+"""
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(YAML)
+    cfg = TrainConfig.from_yaml(path)
+    assert cfg.steps == 50 and cfg.model.name == "tiny-qwen3" and cfg.model.dtype == "float32"
+    assert cfg.loss.type == "dapo" and cfg.loss.clip_high == 0.28 and cfg.loss.clip_low == 0.2
+    assert cfg.loss.tis_cap is None
+    assert cfg.optim.lr == 1e-6 and isinstance(cfg.optim.lr, float)
+    assert cfg.optim.betas == (0.9, 0.95)
+    assert cfg.rollout.group_size == 4 and cfg.checkpoint.save_every == 100  # defaults fill the rest
+
+    cfg = TrainConfig.from_yaml(path, [
+        "--steps=7", "--optim.lr=3e-5", "--loss.tis_cap=4", "--model.gradient_checkpointing=true",
+        "--loss.max_staleness=2", "--model.attn_implementation=none", "--optim.betas=0.8,0.9",
+        "--checkpoint.run_dir=runs/x",
+    ])
+    assert cfg.steps == 7 and cfg.optim.lr == 3e-5 and cfg.loss.tis_cap == 4.0
+    assert cfg.model.gradient_checkpointing is True and cfg.loss.max_staleness == 2
+    assert cfg.model.attn_implementation is None and cfg.optim.betas == (0.8, 0.9)
+    assert cfg.checkpoint.run_dir == "runs/x"
+
+
+def test_round_trip_through_yaml(tmp_path):
+    cfg = TrainConfig.from_dict({}, ["--loss.type=dr_grpo", "--rollout.temperature=0.7"])
+    path = tmp_path / "saved.yaml"
+    path.write_text(cfg.to_yaml())
+    assert TrainConfig.from_yaml(path) == cfg
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["--optim.lr=-1e-5"], "optim.lr: must be > 0"),
+    (["--optim.lr=nan"], "optim.lr: expected a finite number"),
+    (["--optim.lrate=1e-5"], "unknown key 'optim.lrate'; did you mean optim.lr"),
+    (["--bogus.key=1"], "unknown key 'bogus'"),
+    (["--loss.type=ppo"], "loss.type: 'ppo' is not one of grpo, dapo, dr_grpo"),
+    (["--steps=ten"], "steps: expected an integer"),
+    (["--steps=2.5"], "steps: expected an integer"),
+    (["--model.gradient_checkpointing=maybe"], "expected true or false"),
+    (["--row_tokens=1024"], "row_tokens: 1024 is below rollout.max_sample_tokens (4096)"),
+    (["--loss.clip_eps_high=0.3"], "loss.clip_eps_high: is dapo's asymmetric clip; grpo clips symmetrically"),
+    (["--loss.tis_cap=0.5"], "loss.tis_cap: must be >= 1"),
+    (["--rollout.group_size=1"], "rollout.group_size: must be >= 2"),
+    (["--optim.warmup_steps=500"], "optim.warmup_steps: 500 exceeds steps (100)"),
+    (["--optim.betas=0.9"], "optim.betas: expected 2 values"),
+    (["--engine.gpu_memory_fraction=1.5"], "engine.gpu_memory_fraction: must be in (0, 1]"),
+    (["--engine.kv_on_update=drop"], "engine.kv_on_update: 'drop' is not one of keep, recompute"),
+    (["steps=3"], "must look like --key=value"),
+    (["--model=3"], "model: expected a mapping"),
+])
+def test_bad_values_fail_at_construction(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.from_dict({}, overrides)
+    assert message in str(err.value)
+
+
+def test_direct_construction_is_checked_too():
+    assert isinstance(OptimConfig(lr=1).lr, float)  # ints coerce to float ...
+    with pytest.raises(ConfigError, match="clip_eps: must be in"):
+        LossConfig(clip_eps=1)  # ... and are then range-checked
+    with pytest.raises(ConfigError, match="loss.type"):
+        LossConfig(type="reinforce")
+    with pytest.raises(ConfigError, match="unknown key 'loss.typo'"):
+        TrainConfig.from_dict({"loss": {"typo": 1}})
