@@ -1,0 +1,403 @@
+"""The continuous-batching engine: requests in, token-exact completions with behaviour logprobs out.
+
+Data flow:
+
+    submit()      → inbox → Scheduler.waiting
+    step()        → Scheduler.schedule(): admit waiting sequences (mapping their cached prefix pages),
+                    one token for every decoding sequence, prefill chunks under the token budget; pages
+                    from the PagePool, preempting the newest sequence when a decode finds none
+                  → pack_step(): every scheduled token in one row [1, T], plus StepMetadata (slots,
+                    query spans, context lengths, block tables), in one host-to-device copy
+                  → forward of the model view (the training model's own parameters): each attention
+                    layer calls paged_attention_forward → backend.write_kv + backend.attend over
+                    KVStorage; linear-attention layers read and write their state slots; the lm_head
+                    runs only on the rows whose next token is wanted
+                  → Sampler: tokens + behaviour logprobs, one device-to-host transfer
+                  → append, tag with policy_version, check stops; Scheduler.commit advertises the
+                    pages that became full in the prefix cache
+                  → Completions (returned, passed to callbacks, or queued for get_completion)
+
+Two drive modes: `start()` runs steps on a background thread (results through callbacks or
+`get_completion`), or the owner calls `step()` itself (tensor-parallel ranks, which must issue their
+collectives in one order). Every state change happens under one lock held for a whole step, so
+`pause()`, `release_kv()` and `bump_version()` never land in the middle of a forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import random
+import threading
+from collections import deque
+from dataclasses import dataclass, replace
+
+import torch
+
+from agentrl.engine import attention
+from agentrl.engine.config import EngineConfig
+from agentrl.engine.kv_pool import PagePool
+from agentrl.engine.kv_storage import KVStorage
+from agentrl.engine.linear_state import LinearStates
+from agentrl.engine.model_view import geometry, make_view, model_device_dtype
+from agentrl.engine.sampler import Sampler
+from agentrl.engine.scheduler import Scheduler, Sequence
+from agentrl.engine.types import Completion, SamplingParams
+
+
+@dataclass
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    prompt_tokens: int = 0  # prompt tokens submitted
+    prefilled_tokens: int = 0  # tokens run through prefill chunks (recomputes after preemption included)
+    cached_tokens: int = 0  # tokens served from the prefix cache at admission
+    generated_tokens: int = 0
+    steps: int = 0  # forward steps
+    decode_steps: int = 0  # steps that decoded at least one sequence
+    decoded_seqs: int = 0  # sequences decoded, summed over steps
+    preemptions: int = 0
+    free_pages: int = 0
+    total_pages: int = 0
+    cached_pages: int = 0
+    kv_releases: int = 0
+    kv_released_bytes: int = 0  # live KV copied out at the last release
+
+    @property
+    def batch_occupancy(self) -> float:
+        """Mean sequences decoded per decode step."""
+        return self.decoded_seqs / self.decode_steps if self.decode_steps else 0.0
+
+
+class Engine:
+    def __init__(self, model, config: EngineConfig | None = None, tokenizer=None):
+        self.config = config = config or EngineConfig()
+        self.model = model
+        self.device, self.dtype = model_device_dtype(model)
+        geo = self.geometry = geometry(model)
+        self.view = make_view(model, attention.register())
+        self.linear = LinearStates(self.view, geo, config.max_num_seqs) if geo.linear_layers else None
+        if self.linear is not None and config.enable_prefix_cache:
+            # A cached page restores KV but not the recurrent state after it; until states are
+            # snapshotted at page boundaries, hybrid models recompute their prompts.
+            config = self.config = replace(config, enable_prefix_cache=False)
+        self.eos_token_ids = self._eos_ids(model, tokenizer)
+        self._layer_slot = {layer: i for i, layer in enumerate(geo.attention_layers)}
+        page_bytes = KVStorage.bytes_per_page(len(geo.attention_layers), config.page_size, geo.num_kv_heads,
+                                              geo.head_dim, self.dtype)
+        num_pages = config.resolve_num_pages(page_bytes, self.device)
+        self.max_model_len = self._max_model_len(num_pages * config.page_size)
+        self.pool = PagePool(num_pages, config.page_size, config.enable_prefix_cache)
+        self.storage = KVStorage(len(geo.attention_layers), num_pages, config.page_size, geo.num_kv_heads,
+                                 geo.head_dim, self.dtype, self.device)
+        if config.attention_backend not in attention.BACKENDS:
+            raise ValueError(f"attention_backend {config.attention_backend!r}: one of {sorted(attention.BACKENDS)}")
+        self.backend = attention.BACKENDS[config.attention_backend]()
+        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_tokens_per_step)
+        self.sampler = Sampler(self.device)
+        self.policy_version = 0
+        self._stats = EngineStats(total_pages=num_pages)
+        self._lock = threading.RLock()  # held for a whole step
+        self._inbox_lock = threading.Lock()
+        self._inbox: deque[Sequence] = deque()
+        self._cancels: set[int] = set()
+        self._live: dict[int, Sequence] = {}
+        self._next_id = 0
+        self._rng = random.Random(config.seed)
+        self._recompute_pending = False
+        self._released = False
+        self._results: queue.Queue = queue.Queue()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._error: BaseException | None = None
+
+    # -- requests -------------------------------------------------------------------------------------
+    def submit(self, token_ids, sampling: SamplingParams | None = None, callback=None) -> int:
+        sampling = sampling or SamplingParams()
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise ValueError("empty prompt")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt of {len(ids)} tokens leaves no room to generate within max_model_len "
+                             f"{self.max_model_len}")
+        vocab = self.geometry.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"token ids must lie in [0, {vocab})")
+        stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(self.eos_token_ids))
+        with self._inbox_lock:
+            request_id = self._next_id
+            self._next_id += 1
+            seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(63)
+            gen = self.sampler.make_generator(seed) if sampling.temperature > 0 else None
+            seq = Sequence(request_id, len(ids), ids, sampling, frozenset(stop_ids), callback, gen)
+            self._inbox.append(seq)
+        self._wake.set()
+        return request_id
+
+    def cancel(self, request_id: int) -> None:
+        """Ends the request at the next step; its completion (finish_reason "cancelled") is delivered as usual."""
+        with self._inbox_lock:
+            self._cancels.add(request_id)
+        self._wake.set()
+
+    def generate(self, prompts, sampling: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
+        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError("one SamplingParams per prompt, or one for all")
+        if self.running_in_background:
+            done: dict[int, Completion] = {}
+            cond = threading.Condition()
+
+            def collect(c: Completion):
+                with cond:
+                    done[c.request_id] = c
+                    cond.notify_all()
+
+            ids = [self.submit(p, s, collect) for p, s in zip(prompts, params)]
+            with cond:
+                while len(done) < len(ids):
+                    cond.wait(0.1)
+                    self._raise_if_failed()
+            return [done[i] for i in ids]
+        ids = [self.submit(p, s) for p, s in zip(prompts, params)]
+        wanted, done = set(ids), {}
+        while len(done) < len(ids):
+            for completion, has_callback in self._step():
+                if completion.request_id in wanted:
+                    done[completion.request_id] = completion
+                elif not has_callback:
+                    self._results.put(completion)
+        return [done[i] for i in ids]
+
+    # -- stepping -------------------------------------------------------------------------------------
+    def step(self) -> list[Completion]:
+        """One scheduler iteration: admit, prefill chunks and decode. Returns the requests finished in it."""
+        return [c for c, _ in self._step()]
+
+    def _step(self) -> list[tuple[Completion, bool]]:
+        with self._lock:
+            if self._released:
+                raise RuntimeError("the KV pool is released; call restore_kv() before stepping")
+            finished = self._drain_inbox()
+            if self._recompute_pending:
+                self._recompute_pending = False
+                self.scheduler.preempt_all()
+                self.pool.clear_cache()
+            version = self.policy_version
+            batch = self.scheduler.schedule()
+            if batch:
+                finished += self._run(batch, version)
+        done = []
+        for seq in finished:
+            completion = self._completion(seq)
+            if seq.callback is not None:
+                seq.callback(completion)
+            done.append((completion, seq.callback is not None))
+        return done
+
+    def _run(self, batch, version: int) -> list[Sequence]:
+        input_ids, position_ids, rows, meta = attention.pack_step(batch, self.pool.page_size, self.device)
+        self.backend.prepare(meta)
+        kwargs = {attention.STEP_KWARG: attention.PagedStep(self.backend, self.storage, meta, self._layer_slot)}
+        if self.linear is not None:
+            kwargs[LinearStates.KWARG] = self.linear.plan(batch, self.scheduler.running)
+        with torch.no_grad():
+            out = self.view(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=rows,
+                            **kwargs)
+        self.scheduler.commit(batch)
+        st = self._stats
+        st.steps += 1
+        decodes = sum(item.decode for item in batch)
+        st.decode_steps += decodes > 0
+        st.decoded_seqs += decodes
+        st.prefilled_tokens += sum(item.length for item in batch if not item.decode)
+        sampling = [item.seq for item in batch if item.samples]
+        if not sampling:
+            return []
+        tokens, logprobs = self.sampler(out.logits[0], [s.params for s in sampling], [s.generator for s in sampling])
+        # One device-to-host transfer per step: ids are exact in float64.
+        host_tokens, host_logprobs = torch.stack([tokens.double(), logprobs.double()]).tolist()
+        finished = []
+        for seq, tok, lp in zip(sampling, host_tokens, host_logprobs):
+            seq.tokens.append(int(tok))
+            seq.logprobs.append(lp)
+            seq.versions.append(version)
+            st.generated_tokens += 1
+            reason = self._stop_reason(seq)
+            if reason:
+                self._finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def _stop_reason(self, seq: Sequence) -> str:
+        if seq.tokens[-1] in seq.stop_ids:
+            return "stop"
+        for stop in seq.params.stop_sequences:
+            if 0 < len(stop) <= seq.num_generated and tuple(seq.tokens[-len(stop):]) == tuple(stop):
+                return "stop"
+        if seq.num_generated >= seq.params.max_new_tokens:
+            return "length"
+        if len(seq.tokens) >= self.max_model_len:
+            return "max_model_len"
+        return ""
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        if self.linear is not None:
+            self.linear.free(seq)
+        self._live.pop(seq.request_id, None)
+
+    def _drain_inbox(self) -> list[Sequence]:
+        with self._inbox_lock:
+            new, self._inbox = list(self._inbox), deque()
+            cancels, self._cancels = self._cancels, set()
+        for seq in new:
+            self._live[seq.request_id] = seq
+            self.scheduler.add(seq)
+            self._stats.prompt_tokens += seq.prompt_len
+        finished = []
+        for request_id in cancels:
+            seq = self._live.get(request_id)
+            if seq is not None:
+                self._finish(seq, "cancelled")
+                finished.append(seq)
+        return finished
+
+    def _completion(self, seq: Sequence) -> Completion:
+        return Completion(
+            request_id=seq.request_id, prompt_ids=seq.tokens[:seq.prompt_len],
+            token_ids=seq.tokens[seq.prompt_len:], logprobs=list(seq.logprobs), versions=list(seq.versions),
+            finish_reason=seq.finish_reason, cached_tokens=seq.cached_tokens or 0,
+        )
+
+    # -- background mode ------------------------------------------------------------------------------
+    @property
+    def running_in_background(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self.running_in_background:
+            return
+        self._stopping = False
+        self._error = None
+        # A daemon thread: a non-daemon one is joined before atexit hooks run, so a script that forgot
+        # stop() would never exit.
+        self._thread = threading.Thread(target=self._loop, name="agentrl-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the background thread after its current step; unfinished requests stay queued."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopping:
+                if self._released or not self.has_work():
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
+                for completion, has_callback in self._step():
+                    if not has_callback:
+                        self._results.put(completion)
+        except BaseException as exc:  # surfaced to whoever waits on results
+            self._error = exc
+            self._results.put(exc)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("the engine thread failed") from self._error
+
+    def results(self) -> queue.Queue:
+        """Completions of requests submitted without a callback (background mode, or left over by generate)."""
+        return self._results
+
+    def get_completion(self, timeout: float | None = None) -> Completion:
+        item = self._results.get(timeout=timeout)
+        if isinstance(item, BaseException):
+            raise RuntimeError("the engine thread failed") from item
+        return item
+
+    def has_work(self) -> bool:
+        with self._inbox_lock:
+            if self._inbox or self._cancels:
+                return True
+        return self.scheduler.has_work()
+
+    # -- weights and memory ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def pause(self):
+        """No step runs inside: wrap an optimizer step (and the bump) so no token mixes two weight sets."""
+        with self._lock:
+            yield self
+
+    def bump_version(self, version: int | None = None) -> int:
+        with self._lock:
+            self.policy_version = self.policy_version + 1 if version is None else int(version)
+            if self.config.kv_on_update == "recompute":
+                self._recompute_pending = True
+            return self.policy_version
+
+    def release_kv(self) -> None:
+        """Hand the KV pool's device memory back (e.g. for a training step); live sequences keep their KV
+        on the host and continue exactly after `restore_kv()`."""
+        with self._lock:
+            if self._released:
+                return
+            self.pool.drop_unreferenced()  # those pages are not saved: stop advertising them
+            live = self.pool.live_pages()
+            self._stats.kv_released_bytes = self.storage.release(live)
+            if self.linear is not None:
+                self.linear.release()
+            self._stats.kv_releases += 1
+            self._released = True
+
+    def restore_kv(self) -> None:
+        with self._lock:
+            if not self._released:
+                return
+            self.storage.restore()
+            if self.linear is not None:
+                self.linear.restore()
+            self._released = False
+        self._wake.set()
+
+    @property
+    def stats(self) -> EngineStats:
+        with self._lock:
+            st = replace(self._stats)
+            st.running, st.waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+            with self._inbox_lock:
+                st.waiting += len(self._inbox)
+            st.preemptions = self.scheduler.preemptions
+            st.cached_tokens = self.scheduler.prefix_hit_tokens
+            st.free_pages, st.cached_pages = self.pool.num_free, self.pool.num_cached
+            return st
+
+    # -- setup ----------------------------------------------------------------------------------------
+    def _eos_ids(self, model, tokenizer) -> tuple[int, ...]:
+        if self.config.eos_token_ids is not None:
+            return self.config.eos_token_ids
+        gen = getattr(model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if eos is None:
+            eos = getattr(model.config.get_text_config(), "eos_token_id", None)
+        if eos is None and tokenizer is not None:
+            eos = tokenizer.eos_token_id
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+    def _max_model_len(self, capacity: int) -> int:
+        asked = self.config.max_model_len
+        if asked is not None:
+            if asked > capacity:
+                raise ValueError(f"max_model_len {asked} exceeds the KV pool's {capacity} token slots; "
+                                 "raise num_pages / kv_memory_bytes or lower max_model_len")
+            return asked
+        limit = self.geometry.max_position_embeddings or capacity
+        return min(limit, capacity)

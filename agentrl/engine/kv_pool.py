@@ -1,0 +1,144 @@
+"""Host-side bookkeeping of the paged KV pool: which page holds what, who refers to it, what can be reused.
+
+A page is `page_size` token slots in every attention layer. Pages are reference counted: a page is live
+while some sequence's block table lists it. A page whose tokens are all computed can be *registered* under
+the chained key of its content (the key of the page before it and its own token ids), so a later sequence
+with the same prefix maps the same page instead of computing it again. Registered pages that nobody refers
+to stay cached and are evicted least recently released first, only when no free page is left.
+
+Only full pages are ever shared, and a full page is never written again, so sharing needs no copy-on-write.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Sequence
+
+
+def page_key(parent: int | None, tokens: tuple[int, ...]) -> int:
+    return hash((parent, tokens))
+
+
+def chain_keys(token_ids: Sequence[int], page_size: int, start_key: int | None = None, start_page: int = 0,
+               num_pages: int | None = None) -> list[int]:
+    """Chained keys of the full pages of `token_ids`, from page `start_page` whose parent key is `start_key`."""
+    full = len(token_ids) // page_size if num_pages is None else num_pages
+    keys, parent = [], start_key
+    for i in range(start_page, full):
+        parent = page_key(parent, tuple(token_ids[i * page_size:(i + 1) * page_size]))
+        keys.append(parent)
+    return keys
+
+
+class PagePool:
+    def __init__(self, num_pages: int, page_size: int, enable_prefix_cache: bool = True):
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.enable_prefix_cache = enable_prefix_cache
+        self.refs = [0] * num_pages
+        self._free: deque[int] = deque(range(num_pages))
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # registered, unreferenced; oldest first
+        self._key_of: dict[int, tuple[int, tuple[int | None, tuple[int, ...]]]] = {}  # page -> (key, content)
+        self._page_of: dict[int, int] = {}  # key -> page
+        self.evictions = 0
+
+    # -- capacity -------------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Pages an allocation can take now: never used, or cached but unreferenced."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._page_of)
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    # -- allocation -----------------------------------------------------------------------------------
+    def allocate(self, n: int) -> list[int] | None:
+        """`n` fresh pages with one reference each, or None (and nothing taken) if fewer are available."""
+        if n > self.num_free:
+            return None
+        pages = []
+        for _ in range(n):
+            if self._free:
+                page = self._free.popleft()
+            else:
+                page, _ = self._evictable.popitem(last=False)
+                self._unregister(page)
+                self.evictions += 1
+            self.refs[page] = 1
+            pages.append(page)
+        return pages
+
+    def release(self, pages: Sequence[int]) -> None:
+        # Released tail first, so under pressure a sequence's last pages are evicted before its prefix,
+        # which is the part other sequences are likely to share.
+        for page in reversed(pages):
+            self.refs[page] -= 1
+            if self.refs[page] > 0:
+                continue
+            if page in self._key_of:
+                self._evictable[page] = None
+            else:
+                self._free.append(page)
+
+    # -- prefix cache ---------------------------------------------------------------------------------
+    def match(self, keys: Sequence[int], contents: Sequence[tuple]) -> list[int]:
+        """Reference the cached pages for the longest prefix of `keys`; `contents[i]` guards against hash
+        collisions by comparing what the page was registered with."""
+        if not self.enable_prefix_cache:
+            return []
+        pages = []
+        for key, content in zip(keys, contents):
+            page = self._page_of.get(key)
+            if page is None or self._key_of[page][1] != content:
+                break
+            if self.refs[page] == 0:
+                del self._evictable[page]
+            self.refs[page] += 1
+            pages.append(page)
+        return pages
+
+    def register(self, page: int, key: int, content: tuple) -> bool:
+        """Advertise a live, fully computed page under `key`. False if the key is taken by another page
+        (two sequences computed the same prefix concurrently): this one then stays private."""
+        if not self.enable_prefix_cache or key in self._page_of or page in self._key_of:
+            return False
+        self._page_of[key] = page
+        self._key_of[page] = (key, content)
+        return True
+
+    def clear_cache(self) -> None:
+        """Forget every registered page; unreferenced ones become free, live ones stay with their owners."""
+        for page in list(self._key_of):
+            self._unregister(page)
+        while self._evictable:
+            page, _ = self._evictable.popitem(last=False)
+            self._free.append(page)
+
+    def drop_unreferenced(self) -> None:
+        """Forget cached pages nobody refers to; used when the pool's memory is handed back and only live
+        pages are saved, so the cache must not advertise the others."""
+        while self._evictable:
+            page, _ = self._evictable.popitem(last=False)
+            self._unregister(page)
+            self._free.append(page)
+
+    def _unregister(self, page: int) -> None:
+        key, _ = self._key_of.pop(page)
+        del self._page_of[key]
+
+    def live_pages(self) -> list[int]:
+        return [p for p, r in enumerate(self.refs) if r > 0]
+
+    def check(self) -> None:
+        """Invariants, for tests: every page is exactly one of free, evictable or referenced."""
+        free, evict = set(self._free), set(self._evictable)
+        assert len(free) == len(self._free) and not (free & evict)
+        for p, r in enumerate(self.refs):
+            assert r >= 0
+            assert (p in free) + (p in evict) + (r > 0) == 1, (p, r)
+        assert all(self._page_of[k] == p for p, (k, _) in self._key_of.items())
+        assert evict <= set(self._key_of)

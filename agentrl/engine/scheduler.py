@@ -1,0 +1,213 @@
+"""Which tokens of which sequences run in the next forward step, and what happens to them after.
+
+Each step, in order:
+1. decode: every running sequence with one pending token (the last one sampled) gets it fed. A decode that
+   needs a new page and finds none preempts the most recently admitted sequence (recompute: its pages go
+   back to the pool, registered ones stay cached, and it rejoins the front of the queue with its generated
+   tokens as prompt), until the page is found or the sequence itself was the one preempted;
+2. prefill: running sequences part way through their prompt continue in chunks, then waiting sequences
+   are admitted in arrival order while `max_num_seqs`, the step's token budget and the pool allow. A
+   sequence is admitted only if the pool can take its whole remaining prompt now, so admissions do not
+   stall half way and thrash; its longest cached prefix of full pages is mapped, never its last token,
+   which must run to yield logits.
+Prefill chunks share the step with decodes, so a long prompt never stalls the sequences already decoding.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from agentrl.engine.kv_pool import PagePool, chain_keys
+from agentrl.engine.types import SamplingParams
+
+WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: int
+    prompt_len: int
+    tokens: list[int]  # prompt, then generated tokens
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    callback: object = None
+    generator: torch.Generator | None = None
+    status: str = WAITING
+    pages: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose KV is in `pages`
+    num_registered: int = 0  # leading pages already advertised in (or mapped from) the prefix cache
+    page_keys: list[int] = field(default_factory=list)  # chained keys of the full pages of `tokens`
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache at first admission
+    finish_reason: str = ""
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def pending(self) -> int:
+        return len(self.tokens) - self.num_computed
+
+    def keys(self, num_pages: int, page_size: int) -> list[int]:
+        if len(self.page_keys) < num_pages:
+            parent = self.page_keys[-1] if self.page_keys else None
+            self.page_keys += chain_keys(self.tokens, page_size, parent, len(self.page_keys), num_pages)
+        return self.page_keys[:num_pages]
+
+    def content(self, i: int, page_size: int) -> tuple:
+        return (self.page_keys[i - 1] if i else None, tuple(self.tokens[i * page_size:(i + 1) * page_size]))
+
+
+@dataclass
+class Scheduled:
+    seq: Sequence
+    start: int  # position of the first token fed
+    length: int  # tokens fed
+    decode: bool = False  # the one token a decoding sequence feeds (else a prefill chunk)
+
+    @property
+    def samples(self) -> bool:
+        return self.start + self.length == len(self.seq.tokens)
+
+
+class Scheduler:
+    def __init__(self, pool: PagePool, max_num_seqs: int, max_tokens_per_step: int):
+        self.pool = pool
+        self.max_num_seqs = max_num_seqs
+        self.max_tokens = max_tokens_per_step
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order: preemption takes from the back
+        self.preemptions = 0
+        self.prefix_hit_tokens = 0
+
+    @property
+    def page_size(self) -> int:
+        return self.pool.page_size
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ------------------------------------------------------------------------------------
+    def schedule(self) -> list[Scheduled]:
+        while True:
+            batch = self._schedule_once()
+            if batch or not self.running:
+                return batch
+            # Nothing fits although sequences are running (all part way through prefill with the pool
+            # full): give the newest one's pages to the others. One sequence alone always fits, since
+            # max_model_len never exceeds the pool.
+            self._preempt(self.running[-1])
+
+    def _schedule_once(self) -> list[Scheduled]:
+        batch: list[Scheduled] = []
+        for seq in list(self.running):
+            if seq.status != RUNNING or seq.pending != 1:
+                continue
+            while not self._grow(seq, seq.num_computed + 1):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                batch.append(Scheduled(seq, seq.num_computed, 1, decode=True))
+        budget = max(self.max_tokens - len(batch), 0)
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.pending > 1:
+                n = self._grow_chunk(seq, min(seq.pending, budget))
+                if n == 0:
+                    break
+                batch.append(Scheduled(seq, seq.num_computed, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self._admit(seq):
+                break
+            self.waiting.popleft()
+            n = self._grow_chunk(seq, min(seq.pending, budget))
+            batch.append(Scheduled(seq, seq.num_computed, n))
+            budget -= n
+        return batch
+
+    def commit(self, batch: list[Scheduled]) -> None:
+        """The step ran: its tokens' KV is written; advertise the pages that became full."""
+        for item in batch:
+            seq = item.seq
+            seq.num_computed = item.start + item.length
+            full = seq.num_computed // self.page_size
+            if full > seq.num_registered:
+                keys = seq.keys(full, self.page_size)
+                for i in range(seq.num_registered, full):
+                    self.pool.register(seq.pages[i], keys[i], seq.content(i, self.page_size))
+                seq.num_registered = full
+
+    # -- membership -----------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = WAITING
+        self.waiting.append(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status == RUNNING:
+            self.running.remove(seq)
+        elif seq.status == WAITING:
+            self.waiting.remove(seq)
+        self.pool.release(seq.pages)
+        seq.pages = []
+        seq.status, seq.finish_reason = FINISHED, reason
+
+    def preempt_all(self) -> None:
+        for seq in reversed(list(self.running)):
+            self._preempt(seq)
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _admit(self, seq: Sequence) -> bool:
+        ps = self.page_size
+        usable = (len(seq.tokens) - 1) // ps  # the last token always runs, to give the next token's logits
+        keys = seq.keys(usable, ps)
+        matched = self.pool.match(keys, [seq.content(i, ps) for i in range(usable)])
+        if self.pool.pages_for(len(seq.tokens)) - len(matched) > self.pool.num_free:
+            self.pool.release(matched)
+            return False
+        seq.pages = matched
+        seq.num_computed = seq.num_registered = len(matched)
+        seq.num_computed *= ps
+        if seq.cached_tokens is None:
+            seq.cached_tokens = seq.num_computed
+        self.prefix_hit_tokens += seq.num_computed
+        seq.status = RUNNING
+        self.running.append(seq)
+        return True
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Give `seq` pages for its first `num_tokens` tokens; False (nothing taken) if the pool is short."""
+        need = self.pool.pages_for(num_tokens) - len(seq.pages)
+        if need <= 0:
+            return True
+        pages = self.pool.allocate(need)
+        if pages is None:
+            return False
+        seq.pages += pages
+        return True
+
+    def _grow_chunk(self, seq: Sequence, n: int) -> int:
+        """Largest chunk of at most `n` tokens the pool can take for `seq` now."""
+        ps = self.page_size
+        room = len(seq.pages) * ps - seq.num_computed + self.pool.num_free * ps
+        n = min(n, room)
+        if n > 0 and not self._grow(seq, seq.num_computed + n):
+            raise AssertionError("page accounting out of step")
+        return max(n, 0)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.pool.release(seq.pages)
+        seq.pages, seq.num_computed, seq.num_registered = [], 0, 0
+        seq.status = WAITING
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
