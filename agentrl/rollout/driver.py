@@ -108,7 +108,8 @@ class RolloutDriver:
     async def _main(self, max_groups: int | None, emit: Callable[[Group], None]) -> None:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(self.config.tool_workers, thread_name_prefix="agentrl-tool"))
-        pump = None if getattr(self.engine, "running", False) else asyncio.create_task(self._pump())
+        self._pump_stop = False
+        pump = None if self.engine.running_in_background else asyncio.create_task(self._pump())
         pending: list[Group] = []  # one entry per group member not yet started
         tasks: set[asyncio.Task] = set()
         groups_started = 0
@@ -132,7 +133,11 @@ class RolloutDriver:
                 self.stats.observe_in_flight(len(tasks), refilling=more_prompts)
                 if not tasks:
                     break
-                done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                watched = tasks | {pump} if pump is not None else tasks
+                done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                if pump in done:
+                    pump.result()  # an engine step failed: raise it here rather than leave rollouts waiting
+                tasks -= done
                 for task in done:
                     group = task.result()  # a failing rollout is a bug in the project: let it surface
                     if group.complete:
@@ -147,7 +152,6 @@ class RolloutDriver:
 
     async def _pump(self) -> None:
         """Step an engine that nobody else drives, off the event loop so tools and callbacks keep running."""
-        self._pump_stop = False
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(1, thread_name_prefix="agentrl-engine") as executor:
             while not self._pump_stop:

@@ -65,13 +65,13 @@ class ReadyPool:
 
     def take(self, min_samples: int, timeout: float | None = None) -> list[Group]:
         """Block until at least `min_samples` samples are ready, then take whole groups, oldest first, until
-        that many are taken. Returns what is there on timeout (possibly nothing)."""
+        that many are taken. Returns nothing (and takes nothing) if that many are not ready by the timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while sum(len(g.trajectories) for g in self._groups) < min_samples:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    break
+                    return []
                 self._cond.wait(left)
             taken, count = [], 0
             while self._groups and count < min_samples:

@@ -62,8 +62,6 @@ class PromptIterator:
                 self.epoch += 1
                 self.position = 0
                 self._order = self._epoch_order(self.epoch)
-            self._outstanding = {}
-            self._replay = deque(tuple(k) for k in state.get("outstanding", []))
             index = self._order[self.position]
             self.position += 1
             self._outstanding[(self.epoch, index)] = None

@@ -33,7 +33,7 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     name: str = "smollm2-135m-instruct"  # hub id, local directory, or a name `agentrl.models.load_model` knows
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on GPU, float32 on CPU
     attn_implementation: str | None = None  # None: flex_attention on GPU, sdpa on CPU
     gradient_checkpointing: bool = False
     # Hybrid (linear-attention) models: pass sample boundaries to varlen kernels (flash-linear-attention) instead
@@ -48,6 +48,8 @@ class ModelConfig:
 @dataclass
 class RolloutConfig:
     environment: str = "gsm8k_math"
+    data: str | None = None  # a local json/jsonl path, "hub", or None for the environment's built-in data
+    data_limit: int | None = None
     group_size: int = 8  # rollouts per prompt; advantages are normalised within a group
     groups_per_step: int = 8
     max_turns: int = 4
@@ -169,6 +171,10 @@ class TrainConfig:
     row_tokens: int = 8192  # packing capacity of one row
     row_pad_multiple: int = 128  # row width rounded up to this: fewer distinct shapes for compiled attention kernels
     logprob_chunk_size: int = 1024  # rows of the chunked lm_head (its fp32 logits: rows x vocab x 4 bytes)
+    rows_per_micro_batch: int = 1  # packed rows per forward/backward; gradients accumulate over the batch
+    # Hand the engine's KV memory to the training step and take it back after (live rollouts continue exactly);
+    # generation pauses during the step.
+    release_kv_during_step: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     engine: EngineOptions = field(default_factory=EngineOptions)
@@ -180,6 +186,7 @@ class TrainConfig:
         _check_types(self, "")
         _require(self.steps >= 1, "steps", "must be >= 1")
         _require(self.logprob_chunk_size >= 1, "logprob_chunk_size", "must be >= 1")
+        _require(self.rows_per_micro_batch >= 1, "rows_per_micro_batch", "must be >= 1")
         _require(self.row_pad_multiple >= 1, "row_pad_multiple", "must be >= 1")
         # Rules across sections: packing raises on a sample wider than a row, so catch it here, not mid-run.
         _require(self.row_tokens >= self.rollout.max_sample_tokens, "row_tokens",

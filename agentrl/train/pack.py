@@ -96,6 +96,15 @@ class PackedBatch:
             parts.append(self.cu_seqlens[r][1:] + r * width)
         return torch.cat(parts)
 
+    def select_rows(self, start: int, stop: int) -> "PackedBatch":
+        """Rows `[start, stop)` as a batch of their own (a micro-batch). Samples never straddle rows, so every
+        sample's tokens stay together and `sample_index` keeps pointing into the whole batch's samples."""
+        fields = {k: (v[start:stop] if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        fields.update(cu_seqlens=self.cu_seqlens[start:stop], rows=self.rows[start:stop],
+                      segments=self.segments[start:stop],
+                      num_tokens=sum(length for row in self.segments[start:stop] for _, _, length in row))
+        return PackedBatch(**fields)
+
     def to(self, device) -> "PackedBatch":
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         moved["cu_seqlens"] = [c.to(device) for c in self.cu_seqlens]

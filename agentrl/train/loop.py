@@ -1,0 +1,252 @@
+"""The training loop: finished groups from the ready pool → packed rows → chunked logprobs → loss → in-place step.
+
+Generation never waits for training: the engine decodes in its own thread from the very parameters the
+optimizer updates, the rollout driver keeps its batch full, and the trainer takes the oldest ready groups. The
+optimizer step runs under `engine.pause()` so no decode step reads a half-updated set of weights, and the
+version bump that follows tags every later token with the new policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from agentrl.train.config import ConfigError, TrainConfig
+
+
+def to_train_sample(traj):
+    from agentrl.train.samples import TrainSample
+
+    return TrainSample(input_ids=traj.input_ids, trainable=traj.trainable, behaviour_logprobs=traj.logprobs,
+                       versions=traj.versions, advantage=traj.advantage, group_id=traj.group_id, reward=traj.reward)
+
+
+class MetricsLog:
+    """One JSON line per step, flushed at once so a crashed run keeps its curve."""
+
+    def __init__(self, path: Path, resume: bool):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a" if resume else "w")
+
+    def write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _dtype(name: str, device: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
+    from agentrl import load_environment
+    from agentrl.chat import ChatFormat
+    from agentrl.engine import Engine, EngineConfig
+    from agentrl.models import load_model
+    from agentrl.rollout import PromptIterator, RolloutConfig, RolloutDriver, summarize
+    from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from agentrl.train.logprobs import is_hybrid, packed_token_logprobs, packing_error
+    from agentrl.train.loss import loss_denominator, policy_loss
+    from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
+    from agentrl.train.pack import pack_samples
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(cfg.seed)
+    env = load_environment(cfg.rollout.environment)
+    dataset = env.load_dataset(split="train", path=cfg.rollout.data, limit=cfg.rollout.data_limit)
+    model, tokenizer = load_model(cfg.model.name, dtype=_dtype(cfg.model.dtype, device), device=device)
+    if cfg.model.attn_implementation or device == "cuda":
+        model.set_attn_implementation(cfg.model.attn_implementation or "flex_attention")
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    if is_hybrid(model) and cfg.model.hybrid_varlen:
+        error = packing_error(model, hybrid_varlen=True)
+        if error > 1e-2:  # measured in the zero-sync design: kernels ignoring boundaries differ by ~3, not ~1e-4
+            raise RuntimeError(f"varlen kernels leak across packed samples (error {error:.3g}); "
+                               "set model.hybrid_varlen=false to use the boundary-respecting path")
+
+    fmt = ChatFormat(tokenizer, env.tools())
+    engine = Engine(model, EngineConfig(**asdict(cfg.engine), max_model_len=cfg.rollout.max_sample_tokens,
+                                        eos_token_ids=tuple(fmt.eos_token_ids), seed=cfg.seed), tokenizer=tokenizer)
+    prompts = PromptIterator(dataset, seed=cfg.seed)
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.steps)
+    stepper = Stepper(model, optimizer, scheduler, cfg.optim)
+
+    run_dir = Path(cfg.checkpoint.run_dir)
+    start_step = 0
+    checkpoint = latest_checkpoint(run_dir) if cfg.checkpoint.resume else None
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, model, optimizer, scheduler)
+        start_step = state["step"]
+        prompts.load_state_dict(state["extra"]["prompts"])
+        stepper.load_state_dict(state["extra"]["stepper"])
+        engine.bump_version(start_step)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    log = MetricsLog(run_dir / "metrics.jsonl", resume=checkpoint is not None)
+
+    r = cfg.rollout
+    driver = RolloutDriver(env, engine, fmt, prompts, RolloutConfig(
+        num_generations=r.group_size, rollouts_in_flight=r.rollouts_in_flight, max_turns=r.max_turns,
+        max_tokens_per_turn=r.max_new_tokens, max_total_tokens=r.max_sample_tokens, temperature=r.temperature,
+        seed=cfg.seed, advantage=cfg.loss.advantage))
+    samples_per_step = r.groups_per_step * r.group_size
+    engine.start()
+    driver.start()
+    last: dict = {}
+    bar = _Progress(progress, cfg.steps, start_step)
+    try:
+        for step in range(start_step, cfg.steps):
+            t0 = time.perf_counter()
+            groups = _take(driver, samples_per_step)
+            waited = time.perf_counter() - t0
+            trajectories = [t for g in groups for t in g.trajectories]
+            samples = [to_train_sample(t) for t in trajectories if any(t.trainable)]
+            batch = pack_samples(samples, cfg.row_tokens, pad_token_id=tokenizer.pad_token_id or 0,
+                                 pad_to_multiple=cfg.row_pad_multiple if device == "cuda" else 1).to(device)
+            version = engine.policy_version
+            tokens = batch.trainable_tokens()
+            denominator = loss_denominator(tokens, cfg.loss, version)
+            if cfg.release_kv_during_step:
+                engine.release_kv()
+            t_train = time.perf_counter()
+            loss_total, metrics_rows = 0.0, []
+            n_rows = batch.input_ids.shape[0]
+            for first in range(0, n_rows, cfg.rows_per_micro_batch):
+                micro = batch.select_rows(first, min(first + cfg.rows_per_micro_batch, n_rows))
+                logprobs, entropy = packed_token_logprobs(model, micro, chunk_size=cfg.logprob_chunk_size,
+                                                          hybrid_varlen=cfg.model.hybrid_varlen)
+                loss, metrics = policy_loss(logprobs, micro.trainable_tokens(), cfg.loss, current_version=version,
+                                            entropy=entropy, denominator=denominator)
+                loss.backward()
+                loss_total += float(loss.detach())
+                metrics_rows.append(metrics)
+            with engine.pause():  # no decode step sees half the parameters updated
+                result = stepper.step(torch.tensor(loss_total))
+                engine.bump_version()
+            if cfg.release_kv_during_step:
+                engine.restore_kv()
+            for group in groups:
+                prompts.consumed(group.prompt)
+            train_seconds = time.perf_counter() - t_train
+            step_seconds = time.perf_counter() - t0
+            last = {"step": step + 1, "loss": loss_total, "grad_norm": result.grad_norm, "lr": result.lr,
+                    "skipped": result.skipped, "seconds": step_seconds, "wait_seconds": waited,
+                    "train_seconds": train_seconds, "trained_tokens": batch.num_tokens,
+                    "trained_tokens_per_s": batch.num_tokens / max(train_seconds, 1e-9),
+                    "generated_tokens": int(tokens.target_ids.numel()), "rows": n_rows,
+                    "ready_groups": len(driver.pool), "rollouts_in_flight": driver.stats.in_flight,
+                    **_merge(metrics_rows), **{f"rollout/{k}": v for k, v in summarize(trajectories).items()},
+                    **{f"engine/{k}": v for k, v in asdict(engine.stats).items()}}
+            if step % cfg.checkpoint.log_every == 0 or step + 1 == cfg.steps:
+                log.write(last)
+            bar.update(last)
+            saving = cfg.checkpoint.save_every and (step + 1) % cfg.checkpoint.save_every == 0
+            if saving or step + 1 == cfg.steps:
+                with engine.pause():
+                    save_checkpoint(run_dir, step + 1, model, optimizer, scheduler, keep_last=cfg.checkpoint.keep_last,
+                                    extra={"prompts": prompts.state_dict(), "stepper": stepper.state_dict()})
+    finally:
+        driver.stop()
+        engine.stop()
+        log.close()
+        bar.close()
+    return last
+
+
+def _take(driver, n: int):
+    while True:
+        groups = driver.pool.take(n, timeout=1.0)
+        if groups:
+            return groups
+        driver.check()  # a failed driver would otherwise leave the trainer waiting forever
+
+
+def _merge(rows: list[dict]) -> dict:
+    """Token-weighted mean of micro-batch metrics (max / min keep their extreme)."""
+    total = sum(r.get("tokens", 0) for r in rows) or 1
+    out: dict = {}
+    for key in {k for r in rows for k in r}:
+        values = [(r[key], r.get("tokens", 0)) for r in rows if key in r and isinstance(r[key], (int, float))]
+        if not values:
+            continue
+        if key == "tokens":
+            out[key] = sum(v for v, _ in values)
+        elif key.endswith("max"):
+            out[f"loss/{key}"] = max(v for v, _ in values)
+        elif key.endswith("min"):
+            out[f"loss/{key}"] = min(v for v, _ in values)
+        else:
+            out[f"loss/{key}"] = sum(v * w for v, w in values) / total
+    return out
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: int, done: int):
+        self._bar = None
+        if enabled and sys.stderr.isatty():
+            from rich.progress import Progress
+
+            self._bar = Progress(*Progress.get_default_columns(), "{task.fields[info]}", transient=False)
+            self._task = self._bar.add_task("train", total=total, completed=done, info="")
+            self._bar.start()
+
+    def update(self, m: dict) -> None:
+        if self._bar is not None:
+            info = f"reward {m.get('rollout/reward', 0):.3f} tools {m.get('rollout/tool_call_rate', 0):.2f}"
+            self._bar.update(self._task, advance=1, info=info)
+        else:
+            print(json.dumps({k: m[k] for k in ("step", "loss", "seconds") if k in m}
+                             | {"reward": m.get("rollout/reward")}), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def parse_args(argv: list[str]) -> TrainConfig:
+    p = argparse.ArgumentParser(prog="agentrl train", description="GRPO training of a tool-using agent.",
+                                epilog="Any config key can be set as --section.key=value (e.g. --optim.lr=1e-6).")
+    p.add_argument("env", help="environment name, e.g. hotpotqa_search or gsm8k_math")
+    p.add_argument("--model", default=None, help="hub id, local dir, tiny-qwen3, or smollm2-135m-instruct")
+    p.add_argument("--config", default=None, help="YAML file of config sections")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--data", default=None, help="local json/jsonl path; default: the environment's built-in data")
+    p.add_argument("--run-dir", default=None)
+    known, rest = p.parse_known_args(argv)
+    overrides = [f"--rollout.environment={known.env}"]
+    for flag, key in ((known.model, "model.name"), (known.max_steps, "steps"), (known.data, "rollout.data"),
+                      (known.run_dir, "checkpoint.run_dir")):
+        if flag is not None:
+            overrides.append(f"--{key}={flag}")
+    if known.run_dir is None and not any(a.lstrip("-").startswith("checkpoint.run_dir") for a in rest):
+        overrides.append(f"--checkpoint.run_dir=runs/{known.env}")
+    for item in rest:
+        if not item.startswith("--") or "=" not in item:
+            p.error(f"unrecognised argument {item!r}: overrides look like --section.key=value")
+        overrides.append(item)
+    if known.config:
+        return TrainConfig.from_yaml(known.config, overrides)
+    return TrainConfig.from_dict({}, overrides)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        cfg = parse_args(argv)  # a bad config fails here, before any model is loaded
+    except ConfigError as exc:
+        print(f"agentrl train: invalid config: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(train(cfg)))
+    return 0

@@ -1,0 +1,154 @@
+"""Engine throughput on the GPU: agentrl's engine vs transformers' `generate_batch` vs padded `model.generate`.
+
+One run, one table, the same model and prompts for every backend:
+- a Qwen3-0.6B-shaped model with random bf16 weights, 512 prompts x (256 -> 256 tokens), eos ignored;
+- a multi-turn case: 256 requests of 1024-token prompts -> 64 tokens, then each resubmitted with 64 new
+  "tool" tokens -> 64 more (the prefix cache should serve the history);
+- SmolLM2-135M-Instruct (real weights) through the engine vs `generate_batch`, if it can be loaded.
+
+Roofline: a decode step reads every weight once plus the live KV of every running sequence, so
+tokens/s <= batch * bandwidth / (weight bytes + live KV bytes); bandwidth is measured here by a device copy.
+
+usage: python benchmarks/engine.py [--quick] [--skip-hf] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                 intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960)
+
+
+def qwen3_shaped(device="cuda", seed=0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(**QWEN3_06B, eos_token_id=151645, pad_token_id=151643)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
+    return model
+
+
+def copy_bandwidth(device="cuda") -> float:
+    """Bytes per second moved by a device-to-device copy, read + write counted (the anchors' convention)."""
+    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    return 2 * x.numel() * 10 / (time.perf_counter() - t)
+
+
+def random_prompts(n, length, vocab, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab - 1000, (n, length), generator=g).tolist()
+
+
+def weight_bytes(model) -> int:
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def kv_bytes_per_token(config) -> int:
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2  # k and v, bf16
+
+
+def roofline_tok_s(model, batch, prompt_len, new_tokens, bandwidth) -> float:
+    """Decode tokens/s at the bandwidth bound, averaged over the generation (live KV grows linearly)."""
+    mean_context = prompt_len + new_tokens / 2
+    step_bytes = weight_bytes(model) + batch * mean_context * kv_bytes_per_token(model.config)
+    return batch * bandwidth / step_bytes
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t, torch.cuda.max_memory_allocated() / 2**30
+
+
+def run_engine(model, prompts, new_tokens, **engine_kwargs):
+    from agentrl.engine import Engine, EngineConfig, SamplingParams
+
+    engine = Engine(model, EngineConfig(**engine_kwargs))
+    sampling = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    engine.generate(prompts[: min(8, len(prompts))], SamplingParams(max_new_tokens=4, temperature=0.0))  # warm-up
+    outs, seconds, peak = timed(lambda: engine.generate(prompts, sampling))
+    return engine, outs, seconds, peak
+
+
+def run_generate_batch(model, prompts, new_tokens):
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    model.generate_batch(inputs=prompts[:8], generation_config=cfg)  # warm-up
+    outs, seconds, peak = timed(lambda: model.generate_batch(inputs=prompts, generation_config=cfg))
+    return outs, seconds, peak
+
+
+def run_padded_generate(model, prompts, new_tokens, batch):
+    ids = torch.tensor(prompts, device="cuda")
+
+    def go():
+        for i in range(0, len(prompts), batch):
+            model.generate(ids[i:i + batch], attention_mask=torch.ones_like(ids[i:i + batch]),
+                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+
+    _, seconds, peak = timed(go)
+    return seconds, peak
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer prompts, for a smoke run")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    n, plen, new = (64, 256, 64) if args.quick else (512, 256, 256)
+    bw = copy_bandwidth()
+    model = qwen3_shaped()
+    prompts = random_prompts(n, plen, model.config.vocab_size)
+    rows = []
+    roof = roofline_tok_s(model, n, plen, new, bw)
+    engine, outs, sec, peak = run_engine(model, prompts, new, max_num_seqs=n, max_model_len=plen + new + 64)
+    tok = sum(len(o.token_ids) for o in outs)
+    rows.append(("agentrl engine", f"{n}x({plen}->{new})", tok / sec, tok / sec / roof, sec, peak))
+    if not args.skip_hf:
+        try:
+            model.set_attn_implementation("sdpa")
+            _, sec, peak = run_generate_batch(model, prompts, new)
+            rows.append(("transformers generate_batch", f"{n}x({plen}->{new})", n * new / sec, n * new / sec / roof, sec, peak))
+        except Exception as exc:  # a baseline failing must not hide the rest of the table
+            rows.append((f"generate_batch failed: {type(exc).__name__}: {exc}"[:80], "", 0, 0, 0, 0))
+        try:
+            model.set_attn_implementation("sdpa")
+            sec, peak = run_padded_generate(model, prompts, new, batch=n)
+            rows.append(("padded model.generate", f"{n}x({plen}->{new})", n * new / sec, n * new / sec / roof, sec, peak))
+        except Exception as exc:
+            rows.append((f"model.generate failed: {type(exc).__name__}: {exc}"[:80], "", 0, 0, 0, 0))
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s, roofline {roof:,.0f} tok/s, weights {weight_bytes(model) / 1e9:.2f} GB")
+    print(f"{'backend':<34} {'shape':<16} {'tok/s':>10} {'roofline':>9} {'seconds':>8} {'peak GiB':>9}")
+    for r in rows:
+        print(f"{r[0]:<34} {r[1]:<16} {r[2]:>10,.0f} {r[3]:>8.1%} {r[4]:>8.2f} {r[5]:>9.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bandwidth": bw, "roofline": roof, "rows": rows}, f)
+
+
+if __name__ == "__main__":
+    main()
