@@ -171,6 +171,7 @@ class TrainConfig:
     row_tokens: int = 8192  # packing capacity of one row
     row_pad_multiple: int = 128  # row width rounded up to this: fewer distinct shapes for compiled attention kernels
     logprob_chunk_size: int = 1024  # rows of the chunked lm_head (its fp32 logits: rows x vocab x 4 bytes)
+    time_limit_s: float | None = None  # stop (and checkpoint) after the step that crosses it: cluster time limits
     rows_per_micro_batch: int = 1  # packed rows per forward/backward; gradients accumulate over the batch
     # Hand the engine's KV memory to the training step and take it back after (live rollouts continue exactly);
     # generation pauses during the step.

@@ -107,6 +107,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     driver.start()
     last: dict = {}
     bar = _Progress(progress, cfg.steps, start_step)
+    started = time.perf_counter()
     try:
         for step in range(start_step, cfg.steps):
             t0 = time.perf_counter()
@@ -153,11 +154,18 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
             if step % cfg.checkpoint.log_every == 0 or step + 1 == cfg.steps:
                 log.write(last)
             bar.update(last)
+            out_of_time = cfg.time_limit_s is not None and time.perf_counter() - started > cfg.time_limit_s
             saving = cfg.checkpoint.save_every and (step + 1) % cfg.checkpoint.save_every == 0
-            if saving or step + 1 == cfg.steps:
+            if saving or step + 1 == cfg.steps or out_of_time:
                 with engine.pause():
                     save_checkpoint(run_dir, step + 1, model, optimizer, scheduler, keep_last=cfg.checkpoint.keep_last,
                                     extra={"prompts": prompts.state_dict(), "stepper": stepper.state_dict()})
+            if out_of_time:
+                break
+        with engine.pause():
+            # A plain model directory beside the checkpoints: what `agentrl eval --model` and users load.
+            model.save_pretrained(run_dir / "final")
+            tokenizer.save_pretrained(run_dir / "final")
     finally:
         driver.stop()
         engine.stop()

@@ -19,7 +19,11 @@ SYSTEM_PROMPT = (
     "You answer questions that need facts from more than one encyclopedia paragraph. "
     "Use the `search` tool to look things up, one entity or fact at a time; you may search several times. "
     "When you know the answer, reply with it inside <answer>...</answer> and nothing else after it. "
-    "Keep the answer short: a name, a place, a number, or yes/no."
+    "Keep the answer short: a name, a place, a number, or yes/no.\n\n"
+    # A worked call in the prompt: small instruction models (SmolLM2-135M) never call a tool from the schema
+    # alone (0 of 50 on HotpotQA dev), and RL cannot reinforce a behaviour it never samples.
+    "Example of a search call:\n"
+    '<tool_call>\n{"name": "search", "arguments": {"query": "Eiffel Tower architect"}}\n</tool_call>'
 )
 
 

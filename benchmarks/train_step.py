@@ -1,0 +1,135 @@
+"""Train-step MFU and peak memory on the GPU: agentrl's packed step vs the HF full-logits baseline, one run.
+
+Both paths see the same packed rows (~25k real tokens, samples of 200-2000 tokens, position ids restarting per
+sample, flex_attention's block mask) on a Qwen3-0.6B-shaped bf16 model, with gradient checkpointing:
+- agentrl: the decoder's hidden states → chunked lm_head over trainable tokens only (bf16 GEMMs, fp32
+  accumulation, no full-vocab logits) → GRPO loss → backward;
+- baseline: the HF forward producing full logits, cast to fp32 → log_softmax → gather → same loss → backward.
+
+MFU counts 6 x (non-embedding params + vocab x hidden) per token plus causal attention (12 x layers x q_dim x
+mean context), over 790 TFLOP/s (the H200's measured bf16 dense peak, docs/anchors.md).
+
+usage: python benchmarks/train_step.py [--tokens 25000] [--steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import torch
+
+PEAK_FLOPS = 790e12
+
+
+def make_samples(total_tokens: int, vocab: int, seed: int = 0):
+    from agentrl.train.samples import TrainSample
+
+    rng = random.Random(seed)
+    samples, used = [], 0
+    while used < total_tokens:
+        n = min(rng.randint(200, 2000), total_tokens - used)
+        if n < 16:
+            break
+        prompt = max(1, n // 3)
+        ids = [rng.randrange(vocab) for _ in range(n)]
+        trainable = [0] * prompt + [1] * (n - prompt)
+        samples.append(TrainSample(ids, trainable, [-1.0 if t else 0.0 for t in trainable],
+                                   [0 if t else -1 for t in trainable], advantage=rng.choice([-1.0, 1.0])))
+        used += n
+    return samples
+
+
+def flops_per_step(model, batch) -> float:
+    c = model.config
+    params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    if c.tie_word_embeddings:
+        params += c.vocab_size * c.hidden_size  # the tied head still does its GEMM
+    lengths = [n for row in batch.segments for _, _, n in row]
+    tokens = sum(lengths)
+    attention = 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * sum(n * n / 2 for n in lengths)
+    return 6 * params * tokens + attention
+
+
+def step_agentrl(model, batch, cfg):
+    from agentrl.train.logprobs import packed_token_logprobs
+    from agentrl.train.loss import policy_loss
+
+    logprobs, entropy = packed_token_logprobs(model, batch, chunk_size=1024)
+    loss, _ = policy_loss(logprobs, batch.trainable_tokens(), cfg, current_version=0, entropy=entropy)
+    loss.backward()
+    return loss
+
+
+def step_full_logits(model, batch, cfg):
+    from agentrl.train.loss import policy_loss
+
+    logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).logits
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    mask = batch.loss_mask
+    token_logprobs = logprobs[mask].gather(-1, batch.target_ids[mask][:, None])[:, 0]
+    loss, _ = policy_loss(token_logprobs, batch.trainable_tokens(), cfg, current_version=0)
+    loss.backward()
+    return loss
+
+
+def measure(name, fn, model, batch, cfg, steps):
+    model.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
+    try:
+        for _ in range(2):  # warm-up: compilation of flex_attention and the chunked head
+            fn(model, batch, cfg)
+            model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        for _ in range(steps):
+            fn(model, batch, cfg)
+            model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - t) / steps
+    except torch.cuda.OutOfMemoryError:
+        model.zero_grad(set_to_none=True)
+        return {"name": name, "error": "out of memory"}
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    flops = flops_per_step(model, batch)
+    return {"name": name, "seconds": seconds, "tok_s": batch.num_tokens / seconds,
+            "mfu": flops / seconds / PEAK_FLOPS, "peak_gib": peak}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=25000)
+    ap.add_argument("--row-tokens", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--no-checkpointing", action="store_true")
+    args = ap.parse_args()
+
+    from benchmarks.engine import qwen3_shaped
+
+    from agentrl.train.config import LossConfig
+    from agentrl.train.pack import pack_samples
+
+    model = qwen3_shaped()
+    model.set_attn_implementation("flex_attention")
+    model.train()
+    if not args.no_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    samples = make_samples(args.tokens, model.config.vocab_size)
+    batch = pack_samples(samples, args.row_tokens, pad_to_multiple=128).to("cuda")
+    cfg = LossConfig()
+    rows = [measure("agentrl (chunked lm_head)", step_agentrl, model, batch, cfg, args.steps),
+            measure("HF full fp32 logits", step_full_logits, model, batch, cfg, args.steps)]
+    print(f"{len(samples)} samples, {batch.num_tokens} tokens in {batch.shape[0]} rows of {batch.shape[1]}, "
+          f"checkpointing {'off' if args.no_checkpointing else 'on'}")
+    print(f"{'path':<28} {'s/step':>8} {'tok/s':>9} {'MFU':>7} {'peak GiB':>9}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']:<28} {r['error']}")
+        else:
+            print(f"{r['name']:<28} {r['seconds']:>8.3f} {r['tok_s']:>9,.0f} {r['mfu']:>6.1%} {r['peak_gib']:>9.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""Train on gsm8k_math: the script users copy. Edit the YAML beside it, or pass --section.key=value overrides.
+
+    python examples/train_gsm8k_math.py [--optim.lr=1e-6 ...]
+"""
+
+import sys
+from pathlib import Path
+
+from agentrl.train.config import TrainConfig
+from agentrl.train.loop import train
+
+if __name__ == "__main__":
+    config = TrainConfig.from_yaml(Path(__file__).with_suffix(".yaml"), overrides=sys.argv[1:])
+    print(train(config))
