@@ -165,10 +165,17 @@ class RolloutDriver:
         future: asyncio.Future = loop.create_future()
 
         def deliver(completion: Completion):
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(completion))
+            try:
+                loop.call_soon_threadsafe(lambda: future.done() or future.set_result(completion))
+            except RuntimeError:  # the loop closed (driver stopped) before the engine finished this request
+                pass
 
-        self.engine.submit(ids, sampling, callback=deliver)
-        return await future
+        request_id = self.engine.submit(ids, sampling, callback=deliver)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.engine.cancel(request_id)  # a stopped driver hands its engine back with nothing left decoding
+            raise
 
     def _sampling(self, budget: int) -> SamplingParams:
         c = self.config

@@ -7,15 +7,14 @@ know where its samples came from.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+
+from agentrl.data import HELD_OUT_SPLITS, read_records, resolve_split_file
 
 from environments.hotpotqa_search.corpus import generate_samples
 
 __all__ = ["load_samples", "normalize_record", "HUB_ID"]
 
 HUB_ID = "hotpotqa/hotpot_qa"
-_HELD_OUT = ("dev", "validation", "test")
 
 
 def load_samples(split: str = "train", path: str | None = None, seed: int = 0) -> list[dict]:
@@ -25,10 +24,10 @@ def load_samples(split: str = "train", path: str | None = None, seed: int = 0) -
     any other path is a json/jsonl file, or a folder holding `<split>.jsonl` (or `.json`).
     """
     if path is None:
-        return generate_samples(seed=seed, split="dev" if split in _HELD_OUT else split)
+        return generate_samples(seed=seed, split="dev" if split in HELD_OUT_SPLITS else split)
     if str(path) == "hub":
         return _load_hub(split)
-    return [normalize_record(r, i) for i, r in enumerate(_read_records(_resolve(Path(path), split)))]
+    return [normalize_record(r, i) for i, r in enumerate(read_records(resolve_split_file(path, split)))]
 
 
 def normalize_record(record: dict, index: int = 0) -> dict:
@@ -49,36 +48,9 @@ def normalize_record(record: dict, index: int = 0) -> dict:
     }
 
 
-def _resolve(path: Path, split: str) -> Path:
-    if path.is_file():
-        return path
-    if path.is_dir():
-        names = [split] + ([s for s in _HELD_OUT if s != split] if split in _HELD_OUT else [])
-        for name in names:
-            for suffix in (".jsonl", ".json"):
-                if (path / f"{name}{suffix}").is_file():
-                    return path / f"{name}{suffix}"
-        raise FileNotFoundError(f"no {split}.jsonl or {split}.json in {path}")
-    raise FileNotFoundError(f"no such data file or folder: {path}")
-
-
-def _read_records(path: Path) -> list[dict]:
-    # Plain reading keeps file order exactly and avoids the datasets cache for small local files.
-    if path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if path.suffix == ".json":
-        with path.open(encoding="utf-8") as f:
-            data = json.load(f)
-        return data if isinstance(data, list) else data.get("data", [])
-    import datasets  # other formats (parquet, csv) go through HF datasets
-
-    return list(datasets.load_dataset(path.suffix.lstrip("."), data_files=str(path), split="train"))
-
-
 def _load_hub(split: str) -> list[dict]:
     import datasets
 
-    hub_split = "validation" if split in _HELD_OUT else split
+    hub_split = "validation" if split in HELD_OUT_SPLITS else split
     rows = datasets.load_dataset(HUB_ID, "distractor", split=hub_split)
     return [normalize_record(r, i) for i, r in enumerate(rows)]
