@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 from agentrl.rollout.trajectory import Trajectory
 
+# A well-formed call names a real tool with valid arguments; whether the tool then succeeded is another matter
+# (timeouts and raising tools are counted in tool_error_rate, not against the model's formatting).
+WELL_FORMED = ("ok", "truncated", "tool_error", "timeout")
+
 
 @dataclass
 class DriverStats:
@@ -35,7 +39,8 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     if n == 0:
         return {"n": 0}
     calls = [c for t in trajectories for c in t.tool_calls]
-    ok_calls = [c for t in trajectories for c in t.tool_calls if c["status"] in ("ok", "truncated")]
+    well_formed = [c for c in calls if c["status"] in WELL_FORMED]
+    delivered = [c for c in calls if c["status"] in ("ok", "truncated")]
     statuses = Counter(c["status"] for c in calls)
     turns = sum(t.num_turns for t in trajectories)
     generated = sum(sum(t.trainable) for t in trajectories)
@@ -45,9 +50,9 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     resubmitted = sum(sum(t.cached_tokens[1:]) + sum(t.prefilled_tokens[1:]) for t in trajectories)
     out: dict[str, float] = {
         "n": n,
-        "tool_call_rate": sum(any(c["status"] in ("ok", "truncated") for c in t.tool_calls) for t in trajectories) / n,
-        "tool_calls_per_rollout": len(ok_calls) / n,
-        "tool_error_rate": (len(calls) - len(ok_calls)) / len(calls) if calls else 0.0,
+        "tool_call_rate": sum(any(c["status"] in WELL_FORMED for c in t.tool_calls) for t in trajectories) / n,
+        "tool_calls_per_rollout": len(well_formed) / n,
+        "tool_error_rate": (len(calls) - len(delivered)) / len(calls) if calls else 0.0,
         "mean_turns": turns / n,
         "tokens_per_turn": generated / turns if turns else 0.0,
         "reward": sum(t.reward for t in trajectories) / n,
