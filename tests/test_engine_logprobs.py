@@ -91,8 +91,8 @@ def test_sampler_draws_from_the_truncated_distribution():
     params = SamplingParams(temperature=0.8, top_k=4, top_p=0.95)
     n = 6000
     sampler = Sampler(torch.device("cpu"))
-    gen = sampler.make_generator(0)
-    tokens, logprobs = sampler(logits.expand(n, -1), [params] * n, [gen] * n)
+    # one request's successive draws: one seed, counters 0..n-1
+    tokens, logprobs = sampler(logits.expand(n, -1), [params] * n, seeds=[0] * n, counters=range(n))
     probs = warped_logprobs(logits[None], params)[0].exp()
     freq = torch.bincount(tokens, minlength=6).double() / n
     assert (freq[probs == 0] == 0).all()

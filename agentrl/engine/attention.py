@@ -7,10 +7,10 @@ table); every attention layer then does two things through the backend:
     write_kv(k_cache, v_cache, key, value, meta)     new K/V go to their slots
     attend(k_cache, v_cache, query, meta, scaling)   each query attends over its sequence's pages
 
-That pair is the whole interface, so a Triton kernel (or a CUDA graph captured around a fixed-shape
-decode batch) replaces `TorchPagedAttention` without touching the model view or the scheduler.
-`prepare(meta)` runs once per step for whatever the backend wants to precompute (here: gather indices and
-masks), so layers do no host work.
+That pair is the whole interface, so the Triton kernels (`triton_backend.py`, the default on CUDA) replace
+`TorchPagedAttention` without touching the model view or the scheduler, and a CUDA graph captured around a
+fixed-shape decode batch (`cuda_graphs.py`) replays them. `prepare(meta)` runs once per step for whatever
+the backend wants to precompute (here: gather indices and masks), so layers do no host work.
 
 Layout: a layer's caches are `[num_pages, page_size, num_kv_heads, head_dim]` (views into KVStorage,
 last dim contiguous); `key`/`value` are `[T, num_kv_heads, head_dim]` and `query` `[T, num_heads,
@@ -20,8 +20,10 @@ position `seq_lens[s] - query_len[s] + j` and sees every cached position up to i
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -33,12 +35,17 @@ STEP_KWARG = "agentrl_step"
 class StepMetadata:
     """One forward step's layout, shared by every layer. Sequences with a single query token (decodes) come
     first: the scheduler orders them so, and `num_decodes` counts them, so a backend can split the step
-    into a decode launch and a prefill launch without looking at tensor contents (no host sync)."""
+    into a decode launch and a prefill launch without looking at tensor contents (no host sync).
 
-    slot_mapping: torch.Tensor  # [T] int64: page * page_size + offset of each new token
-    block_tables: torch.Tensor  # [B, max_pages] int64, padded with 0 (never read past a sequence's end)
+    A `static` step is the metadata a CUDA graph was captured with: every row is one decode, the tensors are
+    fixed buffers refilled before each replay, and the host fields describe shapes and bounds only
+    (`host_seq_lens` holds the bound `max_seq_len`); `decode_splits` pins the decode kernel's split-K count,
+    which a replay cannot change."""
+
+    slot_mapping: torch.Tensor  # [T] int64: page * page_size + offset of each new token (-1: write nothing)
+    block_tables: torch.Tensor  # [B, max_pages] int64 / int32, padded (never read past a sequence's end)
     query_start_loc: torch.Tensor  # [B + 1] int32: cumulative query lengths
-    seq_lens: torch.Tensor  # [B] int32: context length once this step's tokens are written
+    seq_lens: torch.Tensor  # [B] int32: context length once this step's tokens are written (0: padding row)
     page_size: int
     max_q_len: int
     max_seq_len: int
@@ -47,47 +54,117 @@ class StepMetadata:
     host_query_lens: list[int]
     host_seq_lens: list[int]
     plan: object = field(default=None, repr=False)  # backend-specific, built by prepare()
+    static: bool = False
+    decode_splits: int | None = None
 
     @property
     def num_seqs(self) -> int:
         return len(self.host_query_lens)
 
 
+@dataclass
+class HostStep:
+    """A step's layout on the host, as int64 arrays waiting for their one copy to the device."""
+
+    parts: dict[str, np.ndarray]
+    starts: list[int]
+    lens: list[int]
+    ctx: list[int]
+    width: int  # block-table columns: the most pages any sequence of the step holds
+    num_decodes: int
+
+
+def _chunk_slots(pages: list[int], start: int, n: int, page_size: int) -> list[int]:
+    """Slots of positions [start, start + n): one range per page touched, not one Python step per token."""
+    out: list[int] = []
+    p, end = start, start + n
+    while p < end:
+        page = p // page_size
+        stop = min((page + 1) * page_size, end)
+        shift = pages[page] * page_size - page * page_size
+        out += range(p + shift, stop + shift)
+        p = stop
+    return out
+
+
+def layout_step(batch, page_size: int, pad_to: int | None = None) -> HostStep:
+    """Host layout of the scheduled chunks. `pad_to` (a pure-decode step for a captured graph) pads the
+    per-token and per-sequence parts to that many rows: token 0 at position 0, slot -1 (no KV write),
+    context length 0 (nothing attended).
+
+    Per-sequence work is comprehensions and per-chunk work is ranges per page: a 512-sequence decode step
+    was measured at ~1 ms of host time this way, per-token Python loops cost several."""
+    ps = page_size
+    seqs = [item.seq for item in batch]
+    first = [item.start for item in batch]
+    lens = [item.length for item in batch]
+    nd = next((i for i, n in enumerate(lens) if n != 1), len(lens))
+    ids = [seq.tokens[s] for seq, s in zip(seqs[:nd], first)]
+    pos = first[:nd]
+    slots = [seq.pages[s // ps] * ps + s % ps for seq, s in zip(seqs[:nd], first)]
+    for seq, s, n in zip(seqs[nd:], first[nd:], lens[nd:]):
+        ids += seq.tokens[s:s + n]
+        pos += range(s, s + n)
+        slots += _chunk_slots(seq.pages, s, n, ps)
+    ctx = [s + n for s, n in zip(first, lens)]
+    ends = list(itertools.accumulate(lens))
+    rows = [e - 1 for e, c, seq in zip(ends, ctx, seqs) if c == len(seq.tokens)]  # chunks that end their sequence
+    num_pages = [len(seq.pages) for seq in seqs]
+    width = max(num_pages)
+    tables = np.zeros((len(seqs), width), dtype=np.int64)
+    tables[np.arange(width)[None, :] < np.array(num_pages)[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(seq.pages for seq in seqs), dtype=np.int64, count=sum(num_pages))
+    starts = [e - n for e, n in zip(ends, lens)]
+    if pad_to is not None:
+        extra = pad_to - len(batch)
+        ids, pos, slots, ctx = ids + [0] * extra, pos + [0] * extra, slots + [-1] * extra, ctx + [0] * extra
+    parts = {name: np.array(v, dtype=np.int64) for name, v in
+             (("ids", ids), ("pos", pos), ("slots", slots), ("qsl", [0] + ends), ("ctx", ctx), ("rows", rows))}
+    parts["tables"] = tables.reshape(-1)
+    return HostStep(parts, starts, lens, ctx[:len(batch)], width, nd)
+
+
+def upload(parts: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """Every part in one (pinned, on CUDA) host buffer and one copy; returns the device views by name."""
+    sizes = [a.size for a in parts.values()]
+    host = torch.from_numpy(np.concatenate([a.reshape(-1) for a in parts.values()]))
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return dict(zip(parts, host.to(device, non_blocking=True).split(sizes)))
+
+
+def step_inputs(host: HostStep, dev: dict[str, torch.Tensor], page_size: int):
+    """`(input_ids [1, T], position_ids [1, T], logits_rows [N], meta)` from an uploaded eager step."""
+    meta = StepMetadata(
+        slot_mapping=dev["slots"], block_tables=dev["tables"].view(len(host.lens), host.width),
+        query_start_loc=dev["qsl"].int(), seq_lens=dev["ctx"].int(), page_size=page_size,
+        max_q_len=max(host.lens), max_seq_len=max(host.ctx), num_decodes=host.num_decodes,
+        host_query_start=host.starts, host_query_lens=host.lens, host_seq_lens=host.ctx,
+    )
+    return dev["ids"][None], dev["pos"][None], dev["rows"], meta
+
+
 def pack_step(batch, page_size: int, device: torch.device):
     """Pack the scheduled chunks into one row: `(input_ids [1, T], position_ids [1, T], logits_rows [N], meta)`.
     `logits_rows` are the rows whose next token is sampled (last token of each chunk that ends its sequence).
     Everything crosses to the device in one copy of one (pinned, on CUDA) host buffer."""
-    ids, pos, slots, starts, lens, ctx, rows = [], [], [], [], [], [], []
-    for item in batch:
-        seq, s, n = item.seq, item.start, item.length
-        starts.append(len(ids))
-        lens.append(n)
-        ctx.append(s + n)
-        ids += seq.tokens[s:s + n]
-        pos += range(s, s + n)
-        slots += [seq.pages[p // page_size] * page_size + p % page_size for p in range(s, s + n)]
-        if item.samples:
-            rows.append(len(ids) - 1)
-    width = max(len(item.seq.pages) for item in batch)
-    tables = [p for item in batch for p in item.seq.pages + [0] * (width - len(item.seq.pages))]
-    num_decodes = next((i for i, n in enumerate(lens) if n != 1), len(lens))
-    parts = [ids, pos, slots, starts + [len(ids)], ctx, rows, tables]
-    host = torch.tensor([x for part in parts for x in part], dtype=torch.long)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    ids_t, pos_t, slots_t, qsl, ctx_t, rows_t, tables_t = host.to(device, non_blocking=True).split(
-        [len(part) for part in parts])
-    meta = StepMetadata(
-        slot_mapping=slots_t, block_tables=tables_t.view(len(batch), width), query_start_loc=qsl.int(),
-        seq_lens=ctx_t.int(), page_size=page_size, max_q_len=max(lens), max_seq_len=max(ctx),
-        num_decodes=num_decodes, host_query_start=starts, host_query_lens=lens, host_seq_lens=ctx,
-    )
-    return ids_t[None], pos_t[None], rows_t, meta
+    host = layout_step(batch, page_size)
+    return step_inputs(host, upload(host.parts, device), page_size)
 
 
 class AttentionBackend:
+    # True when prepare/write_kv/attend of a static step issue only device work with no host sync, so a CUDA
+    # graph can capture them.
+    supports_graphs = False
+
     def prepare(self, meta: StepMetadata) -> None:
         pass
+
+    def decode_splits(self, num_seqs: int, max_seq_len: int, num_kv_heads: int, head_dim: int,
+                      device: torch.device) -> int | None:
+        """The split-K count a decode launch of this shape would choose (None: the backend has no such knob).
+        A captured graph pins the count chosen for its bucket at the longest context."""
+        return None
 
     def write_kv(self, key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  meta: StepMetadata) -> None:
@@ -114,6 +191,9 @@ class TorchPagedAttention(AttentionBackend):
     """
 
     def prepare(self, meta: StepMetadata) -> None:
+        if meta.static:
+            meta.plan = self._static_plan(meta)
+            return
         device, ps = meta.slot_mapping.device, meta.page_size
         decode = [i for i, n in enumerate(meta.host_query_lens) if n == 1]
         plan = _TorchPlan(None, None, None, [])
@@ -141,11 +221,28 @@ class TorchPagedAttention(AttentionBackend):
             plan.prefills.append((meta.host_query_start[i], n, slots, mask))
         meta.plan = plan
 
+    @staticmethod
+    def _static_plan(meta: StepMetadata) -> _TorchPlan:
+        """A static (graph) step from its tensors alone: every row decodes over the block table's full width,
+        masked by `seq_lens`. Padding rows (length 0) see slot 0 of their stale first page, so they stay
+        finite; their outputs are never used. Slow (the whole width is gathered): for checking the graph
+        logic on CPU, while CUDA graphs use a backend with `supports_graphs`."""
+        ps, tables, lens = meta.page_size, meta.block_tables, meta.seq_lens
+        pos = torch.arange(tables.shape[1] * ps, device=tables.device)
+        slots = tables[:, pos // ps].long() * ps + pos % ps
+        valid = (pos[None, :] < lens[:, None]) | ((lens[:, None] == 0) & (pos[None, :] == 0))
+        rows = torch.arange(tables.shape[0], device=tables.device)
+        return _TorchPlan(rows, slots.masked_fill(~valid, 0), valid[:, None, None, :], [])
+
     def write_kv(self, key_cache, value_cache, key, value, meta):
         flat_k = key_cache.view(-1, *key_cache.shape[2:])
         flat_v = value_cache.view(-1, *value_cache.shape[2:])
-        flat_k.index_copy_(0, meta.slot_mapping, key.to(flat_k.dtype))
-        flat_v.index_copy_(0, meta.slot_mapping, value.to(flat_v.dtype))
+        slots = meta.slot_mapping
+        if meta.static:  # padding rows carry slot -1 (the boolean index syncs: fine for this CPU check path)
+            keep = slots >= 0
+            slots, key, value = slots[keep], key[keep], value[keep]
+        flat_k.index_copy_(0, slots, key.to(flat_k.dtype))
+        flat_v.index_copy_(0, slots, value.to(flat_v.dtype))
 
     def attend(self, key_cache, value_cache, query, meta, scaling):
         plan: _TorchPlan = meta.plan
@@ -170,7 +267,27 @@ class TorchPagedAttention(AttentionBackend):
         return out
 
 
-BACKENDS = {"torch": TorchPagedAttention}
+BACKENDS = {"torch": TorchPagedAttention}  # "triton" registers itself when agentrl.engine.triton_backend is imported
+
+
+def make_backend(name: str, device: torch.device, page_size: int) -> AttentionBackend:
+    """The backend called `name`; "auto" is Triton on CUDA (if triton imports and pages are a power of two,
+    as its kernels require), else the torch reference."""
+    if name == "auto":
+        name = "torch"
+        if device.type == "cuda" and page_size & (page_size - 1) == 0:
+            try:
+                import agentrl.engine.triton_backend  # noqa: F401  (registers "triton")
+                name = "triton"
+            except ImportError:
+                pass
+    elif name == "triton":
+        if page_size & (page_size - 1):
+            raise ValueError(f"the triton backend needs a power-of-two page_size, got {page_size}")
+        import agentrl.engine.triton_backend  # noqa: F401
+    if name not in BACKENDS:
+        raise ValueError(f"attention_backend {name!r}: one of {sorted(set(BACKENDS) | {'auto', 'triton'})}")
+    return BACKENDS[name]()
 
 
 class PagedStep:

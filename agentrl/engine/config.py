@@ -22,6 +22,14 @@ class EngineConfig:
       zero-sync design intends (the version tags and behaviour logprobs record what was sampled);
     - "recompute": live sequences are re-prefilled under the new weights and the prefix cache is emptied,
       so every token after the bump is exactly on-policy, at the cost of one prefill of all live context.
+
+    `attention_backend`: "auto" takes the Triton kernels on CUDA (when triton imports and `page_size` is a
+    power of two) and the torch reference elsewhere; "torch" / "triton" force one.
+    `cuda_graphs`: replay pure-decode steps from CUDA graphs captured per batch-size bucket (CUDA with the
+    Triton backend only; see `agentrl.engine.cuda_graphs`). The graphs read the parameters by address, so
+    they stay valid across optimizer steps that update parameters in place, which is what the engine
+    requires anyway (the view shares the training tensors); a re-assigned parameter is noticed and the
+    graphs are captured again.
     """
 
     page_size: int = 16
@@ -36,7 +44,8 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] | None = None
     seed: int = 0
     kv_on_update: str = "keep"
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"
+    cuda_graphs: bool = True
 
     def __post_init__(self):
         for name in ("page_size", "max_num_seqs", "max_tokens_per_step"):
@@ -65,3 +74,31 @@ class EngineConfig:
         if pages < 1:
             raise ValueError(f"a KV budget of {budget} bytes holds no page of {bytes_per_page} bytes")
         return pages
+
+
+def resolve_eos_ids(config: EngineConfig, model, tokenizer=None) -> tuple[int, ...]:
+    """The ids that end a request unless `ignore_eos`: the config's, else the model's generation config's,
+    else its config's, else the tokenizer's."""
+    if config.eos_token_ids is not None:
+        return config.eos_token_ids
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if eos is None:
+        eos = getattr(model.config.get_text_config(), "eos_token_id", None)
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def resolve_max_model_len(config: EngineConfig, max_position_embeddings: int | None, capacity: int) -> int:
+    """`config.max_model_len` (checked against the pool's `capacity` in tokens), else the model's limit capped
+    by the pool."""
+    asked = config.max_model_len
+    if asked is not None:
+        if asked > capacity:
+            raise ValueError(f"max_model_len {asked} exceeds the KV pool's {capacity} token slots; "
+                             "raise num_pages / kv_memory_bytes or lower max_model_len")
+        return asked
+    return min(max_position_embeddings or capacity, capacity)

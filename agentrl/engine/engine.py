@@ -6,13 +6,15 @@ Data flow:
     step()        → Scheduler.schedule(): admit waiting sequences (mapping their cached prefix pages),
                     one token for every decoding sequence, prefill chunks under the token budget; pages
                     from the PagePool, preempting the newest sequence when a decode finds none
-                  → pack_step(): every scheduled token in one row [1, T], plus StepMetadata (slots,
-                    query spans, context lengths, block tables), in one host-to-device copy
+                  → layout_step(): every scheduled token in one row [1, T], StepMetadata (slots, query
+                    spans, context lengths, block tables) and the sampler's knobs, in one host-to-device copy
                   → forward of the model view (the training model's own parameters): each attention
                     layer calls paged_attention_forward → backend.write_kv + backend.attend over
-                    KVStorage; linear-attention layers read and write their state slots; the lm_head
-                    runs only on the rows whose next token is wanted
-                  → Sampler: tokens + behaviour logprobs, one device-to-host transfer
+                    KVStorage (Triton on CUDA); linear-attention layers read and write their state slots;
+                    the lm_head runs only on the rows whose next token is wanted. On CUDA a pure-decode
+                    step replays the CUDA graph of its batch-size bucket instead (cuda_graphs.py)
+                  → Sampler: tokens + behaviour logprobs of all rows, one device-to-host transfer (the
+                    step's only sync)
                   → append, tag with policy_version, check stops; Scheduler.commit advertises the
                     pages that became full in the prefix cache
                   → Completions (returned, passed to callbacks, or queued for get_completion)
@@ -30,43 +32,21 @@ import queue
 import random
 import threading
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from agentrl.engine import attention
-from agentrl.engine.config import EngineConfig
+from agentrl.engine.config import EngineConfig, resolve_eos_ids, resolve_max_model_len
+from agentrl.engine.cuda_graphs import DecodeGraphs, graphs_supported
 from agentrl.engine.kv_pool import PagePool
 from agentrl.engine.kv_storage import KVStorage
 from agentrl.engine.linear_state import LinearStates
 from agentrl.engine.model_view import geometry, make_view, model_device_dtype
 from agentrl.engine.sampler import Sampler
 from agentrl.engine.scheduler import Scheduler, Sequence
+from agentrl.engine.stats import EngineStats
 from agentrl.engine.types import Completion, SamplingParams
-
-
-@dataclass
-class EngineStats:
-    running: int = 0
-    waiting: int = 0
-    prompt_tokens: int = 0  # prompt tokens submitted
-    prefilled_tokens: int = 0  # tokens run through prefill chunks (recomputes after preemption included)
-    cached_tokens: int = 0  # tokens served from the prefix cache at admission
-    generated_tokens: int = 0
-    steps: int = 0  # forward steps
-    decode_steps: int = 0  # steps that decoded at least one sequence
-    decoded_seqs: int = 0  # sequences decoded, summed over steps
-    preemptions: int = 0
-    free_pages: int = 0
-    total_pages: int = 0
-    cached_pages: int = 0
-    kv_releases: int = 0
-    kv_released_bytes: int = 0  # live KV copied out at the last release
-
-    @property
-    def batch_occupancy(self) -> float:
-        """Mean sequences decoded per decode step."""
-        return self.decoded_seqs / self.decode_steps if self.decode_steps else 0.0
 
 
 class Engine:
@@ -81,19 +61,21 @@ class Engine:
             # A cached page restores KV but not the recurrent state after it; until states are
             # snapshotted at page boundaries, hybrid models recompute their prompts.
             config = self.config = replace(config, enable_prefix_cache=False)
-        self.eos_token_ids = self._eos_ids(model, tokenizer)
+        self.eos_token_ids = resolve_eos_ids(config, model, tokenizer)
         self._layer_slot = {layer: i for i, layer in enumerate(geo.attention_layers)}
         page_bytes = KVStorage.bytes_per_page(len(geo.attention_layers), config.page_size, geo.num_kv_heads,
                                               geo.head_dim, self.dtype)
         num_pages = config.resolve_num_pages(page_bytes, self.device)
-        self.max_model_len = self._max_model_len(num_pages * config.page_size)
+        self.max_model_len = resolve_max_model_len(config, geo.max_position_embeddings, num_pages * config.page_size)
         self.pool = PagePool(num_pages, config.page_size, config.enable_prefix_cache)
         self.storage = KVStorage(len(geo.attention_layers), num_pages, config.page_size, geo.num_kv_heads,
                                  geo.head_dim, self.dtype, self.device)
-        if config.attention_backend not in attention.BACKENDS:
-            raise ValueError(f"attention_backend {config.attention_backend!r}: one of {sorted(attention.BACKENDS)}")
-        self.backend = attention.BACKENDS[config.attention_backend]()
+        self.backend = attention.make_backend(config.attention_backend, self.device, config.page_size)
         self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_tokens_per_step)
+        # Hybrid models plan their recurrent-state slots on the host per step, so they decode eagerly.
+        graphs = config.cuda_graphs and self.device.type == "cuda" and self.backend.supports_graphs
+        graphs = graphs and self.linear is None and graphs_supported(self.view)
+        self.graphs = DecodeGraphs.for_engine(self) if graphs else None
         self.sampler = Sampler(self.device)
         self.policy_version = 0
         self._stats = EngineStats(total_pages=num_pages)
@@ -129,8 +111,7 @@ class Engine:
             request_id = self._next_id
             self._next_id += 1
             seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(63)
-            gen = self.sampler.make_generator(seed) if sampling.temperature > 0 else None
-            seq = Sequence(request_id, len(ids), ids, sampling, frozenset(stop_ids), callback, gen)
+            seq = Sequence(request_id, len(ids), ids, sampling, frozenset(stop_ids), callback, seed)
             self._inbox.append(seq)
         self._wake.set()
         return request_id
@@ -197,25 +178,26 @@ class Engine:
         return done
 
     def _run(self, batch, version: int) -> list[Sequence]:
-        input_ids, position_ids, rows, meta = attention.pack_step(batch, self.pool.page_size, self.device)
-        self.backend.prepare(meta)
-        kwargs = {attention.STEP_KWARG: attention.PagedStep(self.backend, self.storage, meta, self._layer_slot)}
-        if self.linear is not None:
-            kwargs[LinearStates.KWARG] = self.linear.plan(batch, self.scheduler.running)
-        with torch.no_grad():
-            out = self.view(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=rows,
-                            **kwargs)
-        self.scheduler.commit(batch)
+        sampling = [item.seq for item in batch if item.samples]
+        params = [seq.params for seq in sampling]
+        extra = {}
+        if any(p.temperature > 0 for p in params):  # counter: the index the sampled token will take
+            extra["sampling"] = Sampler.columns(params, [s.seed for s in sampling], [len(s.tokens) for s in sampling])
         st = self._stats
+        if self.graphs is not None and self.graphs.accepts(batch):
+            logits, dev = self.graphs.run(batch, extra)
+            st.graph_steps += 1
+        else:
+            logits, dev = self._forward(batch, extra)
+        self.scheduler.commit(batch)
         st.steps += 1
         decodes = sum(item.decode for item in batch)
         st.decode_steps += decodes > 0
         st.decoded_seqs += decodes
         st.prefilled_tokens += sum(item.length for item in batch if not item.decode)
-        sampling = [item.seq for item in batch if item.samples]
         if not sampling:
             return []
-        tokens, logprobs = self.sampler(out.logits[0], [s.params for s in sampling], [s.generator for s in sampling])
+        tokens, logprobs = self.sampler(logits, params, dev.get("sampling"))
         # One device-to-host transfer per step: ids are exact in float64.
         host_tokens, host_logprobs = torch.stack([tokens.double(), logprobs.double()]).tolist()
         finished = []
@@ -229,6 +211,20 @@ class Engine:
                 self._finish(seq, reason)
                 finished.append(seq)
         return finished
+
+    def _forward(self, batch, extra: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The eager forward of one step: logits `[N, vocab]` of its sampled rows, and its uploaded parts."""
+        host = attention.layout_step(batch, self.pool.page_size)
+        dev = attention.upload({**host.parts, **extra}, self.device)
+        input_ids, position_ids, rows, meta = attention.step_inputs(host, dev, self.pool.page_size)
+        self.backend.prepare(meta)
+        kwargs = {attention.STEP_KWARG: attention.PagedStep(self.backend, self.storage, meta, self._layer_slot)}
+        if self.linear is not None:
+            kwargs[LinearStates.KWARG] = self.linear.plan(batch, self.scheduler.running)
+        with torch.no_grad():
+            out = self.view(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=rows,
+                            **kwargs)
+        return out.logits[0], dev
 
     def _stop_reason(self, seq: Sequence) -> str:
         if seq.tokens[-1] in seq.stop_ids:
@@ -342,9 +338,17 @@ class Engine:
                 self._recompute_pending = True
             return self.policy_version
 
+    def warmup(self) -> None:
+        """Capture the decode graphs of every batch-size bucket now rather than at the first pure-decode step
+        (which does it otherwise). No-op without graphs."""
+        with self._lock:
+            if self.graphs is not None and not self._released:
+                self.graphs.warmup()
+
     def release_kv(self) -> None:
         """Hand the KV pool's device memory back (e.g. for a training step); live sequences keep their KV
-        on the host and continue exactly after `restore_kv()`."""
+        on the host and continue exactly after `restore_kv()`. Decode graphs are kept: they are replayed again
+        if the restored pool lands at the same address, and captured again if not (see cuda_graphs.py)."""
         with self._lock:
             if self._released:
                 return
@@ -376,28 +380,5 @@ class Engine:
             st.preemptions = self.scheduler.preemptions
             st.cached_tokens = self.scheduler.prefix_hit_tokens
             st.free_pages, st.cached_pages = self.pool.num_free, self.pool.num_cached
+            st.graph_captures = self.graphs.captures if self.graphs is not None else 0
             return st
-
-    # -- setup ----------------------------------------------------------------------------------------
-    def _eos_ids(self, model, tokenizer) -> tuple[int, ...]:
-        if self.config.eos_token_ids is not None:
-            return self.config.eos_token_ids
-        gen = getattr(model, "generation_config", None)
-        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-        if eos is None:
-            eos = getattr(model.config.get_text_config(), "eos_token_id", None)
-        if eos is None and tokenizer is not None:
-            eos = tokenizer.eos_token_id
-        if eos is None:
-            return ()
-        return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
-
-    def _max_model_len(self, capacity: int) -> int:
-        asked = self.config.max_model_len
-        if asked is not None:
-            if asked > capacity:
-                raise ValueError(f"max_model_len {asked} exceeds the KV pool's {capacity} token slots; "
-                                 "raise num_pages / kv_memory_bytes or lower max_model_len")
-            return asked
-        limit = self.geometry.max_position_embeddings or capacity
-        return min(limit, capacity)

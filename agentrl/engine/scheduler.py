@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
 from agentrl.engine.kv_pool import PagePool, chain_keys
 from agentrl.engine.types import SamplingParams
 
@@ -34,7 +32,7 @@ class Sequence:
     params: SamplingParams
     stop_ids: frozenset[int]
     callback: object = None
-    generator: torch.Generator | None = None
+    seed: int = 0  # of the request's counter-based draws (see sampler.py)
     status: str = WAITING
     pages: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV is in `pages`
@@ -105,8 +103,13 @@ class Scheduler:
 
     def _schedule_once(self) -> list[Scheduled]:
         batch: list[Scheduled] = []
+        ps = self.page_size
         for seq in list(self.running):
-            if seq.status != RUNNING or seq.pending != 1:
+            n = seq.num_computed
+            if seq.status != RUNNING or len(seq.tokens) - n != 1:
+                continue
+            if n < len(seq.pages) * ps:  # the common case, checked inline: its page has room (this loop is hot)
+                batch.append(Scheduled(seq, n, 1, True))
                 continue
             while not self._grow(seq, seq.num_computed + 1):
                 victim = self.running[-1]

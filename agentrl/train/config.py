@@ -51,9 +51,9 @@ class RolloutConfig:
     data: str | None = None  # a local json/jsonl path, "hub", or None for the environment's built-in data
     data_limit: int | None = None
     group_size: int = 8  # rollouts per prompt; advantages are normalised within a group
-    groups_per_step: int = 8
+    groups_per_step: int = 4
     max_turns: int = 4
-    max_new_tokens: int = 512  # per turn
+    max_new_tokens: int = 256  # per turn
     max_sample_tokens: int = 4096  # whole rollout, prompt + every turn; longer ones are cut by the rollout layer
     temperature: float = 1.0
     rollouts_in_flight: int = 64

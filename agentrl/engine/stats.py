@@ -1,0 +1,31 @@
+"""What the engine reports about itself (`Engine.stats`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    prompt_tokens: int = 0  # prompt tokens submitted
+    prefilled_tokens: int = 0  # tokens run through prefill chunks (recomputes after preemption included)
+    cached_tokens: int = 0  # tokens served from the prefix cache at admission
+    generated_tokens: int = 0
+    steps: int = 0  # forward steps
+    decode_steps: int = 0  # steps that decoded at least one sequence
+    decoded_seqs: int = 0  # sequences decoded, summed over steps
+    preemptions: int = 0
+    free_pages: int = 0
+    total_pages: int = 0
+    cached_pages: int = 0
+    kv_releases: int = 0
+    kv_released_bytes: int = 0  # live KV copied out at the last release
+    graph_steps: int = 0  # decode steps replayed from a CUDA graph
+    graph_captures: int = 0
+
+    @property
+    def batch_occupancy(self) -> float:
+        """Mean sequences decoded per decode step."""
+        return self.decoded_seqs / self.decode_steps if self.decode_steps else 0.0
