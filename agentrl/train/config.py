@@ -57,13 +57,15 @@ class RolloutConfig:
     max_sample_tokens: int = 4096  # whole rollout, prompt + every turn; longer ones are cut by the rollout layer
     temperature: float = 1.0
     rollouts_in_flight: int = 64
+    # Finished batches allowed to wait for the trainer before the driver stops starting groups (staleness bound).
+    max_ready_batches: int = 1
 
     def __post_init__(self):
         _check_types(self, "rollout")
         _require(self.group_size >= 2, "rollout.group_size",
                  "must be >= 2: the group-normalised advantage of a lone rollout is always 0")
         for key in ("groups_per_step", "max_turns", "max_new_tokens", "max_sample_tokens",
-                    "rollouts_in_flight"):
+                    "rollouts_in_flight", "max_ready_batches"):
             _require(getattr(self, key) >= 1, f"rollout.{key}", "must be >= 1")
         _require(self.temperature > 0, "rollout.temperature",
                  "must be > 0 (training needs the logprobs of a proper distribution; greedy has none)")

@@ -101,7 +101,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     driver = RolloutDriver(env, engine, fmt, prompts, RolloutConfig(
         num_generations=r.group_size, rollouts_in_flight=r.rollouts_in_flight, max_turns=r.max_turns,
         max_tokens_per_turn=r.max_new_tokens, max_total_tokens=r.max_sample_tokens, temperature=r.temperature,
-        seed=cfg.seed, advantage=cfg.loss.advantage))
+        seed=cfg.seed, advantage=cfg.loss.advantage,
+        max_ready_samples=r.max_ready_batches * r.groups_per_step * r.group_size))
     samples_per_step = r.groups_per_step * r.group_size
     engine.start()
     driver.start()
