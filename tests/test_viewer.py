@@ -217,3 +217,20 @@ def test_browser_screenshot_shows_the_page(page, tmp_path):
     # the highlight backgrounds of the tool call (#e8f0ff) and the answer (#e6f7ea) were painted
     for want in ((0xE8, 0xF0, 0xFF), (0xE6, 0xF7, 0xEA)):
         assert any(max(abs(a - b) for a, b in zip(rgb, want)) <= 2 for rgb in colors), want
+
+
+@pytest.mark.slow
+def test_embedded_model_eval_then_view_renders_in_the_browser(tmp_path, capsys):
+    """The issue's path end to end: `agentrl eval hotpotqa_search` on the embedded SmolLM2 (CPU, through the
+    driver and the engine), `agentrl view`, and the page opened in a real browser."""
+
+    out = tmp_path / "results.jsonl"
+    assert main(["eval", "hotpotqa_search", "--limit", "3", "--max-tokens-per-turn", "48", "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["n"] == 3 and summary["model"] == "smollm2-135m-instruct"
+    assert main(["view", str(out)]) == 0
+    dom = browse(tmp_path, out.with_suffix(".html"), "--dump-dom").stdout
+    root = parse(dom)
+    sections = [n for n in root.iter() if n.tag == "section"]
+    assert len(sections) == 3
+    assert "3 trajectories" in dom
