@@ -13,7 +13,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
-    seed: int | None = None  # per-request generator; None draws from the engine's generator
+    seed: int | None = None  # per-request counter-based noise; None draws a seed from the engine's generator
     stop_token_ids: tuple[int, ...] = ()  # single ids that end the request (eos ids are added by the engine)
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # id sequences that end it, e.g. the end of a tool call
     ignore_eos: bool = False
