@@ -14,6 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from agentrl.chat.schema import json_type
+
 STATUSES = ("ok", "truncated", "parse_error", "unknown_tool", "bad_arguments", "tool_error", "timeout")
 DELIVERED = ("ok", "truncated")  # the tool ran and its output reached the model
 
@@ -289,21 +291,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return json_type(value) or type(value).__name__
 
 
 def _got(value: Any) -> str:

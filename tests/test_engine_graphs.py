@@ -23,7 +23,7 @@ from agentrl.engine.cuda_graphs import DecodeGraphs, batch_buckets
 from agentrl.engine.sampler import Sampler, uniform_bits
 from agentrl.engine.scheduler import Scheduled, Sequence
 from agentrl.models import load_model
-from tests.test_engine_greedy import one_thread, random_prompts  # noqa: F401  (fixture)
+from tests.test_engine_greedy import random_prompts
 from tests.test_engine_logprobs import warped_logprobs
 from tests.test_engine_weights import perturb_
 

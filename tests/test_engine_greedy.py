@@ -10,15 +10,6 @@ from agentrl.models import load_model
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Measured on the shared 2-core box: the tiny model's steps ran 4.5x slower on 2 intra-op threads than
-    # on 1, since every op is a few microseconds and the threads spin against the other test processes.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def random_prompts(n: int, lo: int, hi: int, seed: int = 0, vocab: int = 256) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)

@@ -6,7 +6,7 @@ import torch
 
 from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.models import load_model
-from tests.test_engine_greedy import hf_greedy, one_thread, random_prompts  # noqa: F401  (fixture)
+from tests.test_engine_greedy import hf_greedy, random_prompts
 from tests.test_engine_logprobs import recomputed_logits
 
 GREEDY = SamplingParams(max_new_tokens=16, temperature=0)

@@ -8,7 +8,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.engine.sampler import Sampler
 from agentrl.models import load_model
-from tests.test_engine_greedy import one_thread, random_prompts  # noqa: F401  (fixture)
+from tests.test_engine_greedy import random_prompts
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import torch
 from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.engine.kv_pool import PagePool, chain_keys
 from agentrl.models import load_model
-from tests.test_engine_greedy import hf_greedy, one_thread, random_prompts  # noqa: F401  (fixture)
+from tests.test_engine_greedy import hf_greedy, random_prompts
 
 GREEDY = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
 

@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.models import load_model
-from tests.test_engine_greedy import one_thread, random_prompts  # noqa: F401  (fixture)
+from tests.test_engine_greedy import random_prompts
 from tests.test_engine_logprobs import recomputed_logits
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)

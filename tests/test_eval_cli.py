@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from agentrl.cli import main
 from tests.scripted_policy import ScriptedPolicy
@@ -17,13 +16,6 @@ HEADLINE = {"hotpotqa_search": {"answer_f1", "answer_em", "accuracy"}, "gsm8k_ma
 RECORD_KEYS = {"prompt_index", "epoch", "input_ids", "trainable", "logprobs", "versions", "turn_spans", "messages",
                "tool_calls", "reward", "reward_components", "finish_reason", "num_turns", "answer", "gold"}
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def run_eval(capsys, *args: str) -> dict:

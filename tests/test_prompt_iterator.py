@@ -10,19 +10,11 @@ import threading
 from collections import Counter
 
 import pytest
-import torch
 
 from agentrl.rollout import Prompt, PromptIterator
 
 N = 50
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def dataset(n: int = N) -> list[dict]:

@@ -33,15 +33,6 @@ IN_FLIGHT = 32
 NUM_PROMPTS = 40
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # The tiny model's ops take microseconds: on the shared 2-core box one intra-op thread runs them 4.5x faster
-    # than two, which spin against the other processes.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 # ------------------------------------------------------------------------------------------------ environment
 class ChaosSearch(HotpotQASearchEnv):

@@ -2,18 +2,8 @@
 
 import json
 
-import pytest
-import torch
 
 from agentrl.cli import main
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two threads share the model; on a 2-core box one each is faster
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_train_gsm8k_tiny_qwen3_three_steps_then_resume(tmp_path, monkeypatch, capsys):

@@ -11,7 +11,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-import torch
 
 from agentrl.cli import main
 from agentrl.rollout import Trajectory
@@ -23,13 +22,6 @@ RESULT = '[1] <i>Paris</i>\nParis is the capital of France. </div><img src=x one
 FINAL = 'It is <answer>Paris & "Lyon"</answer>'
 CUT = '<tool_call>{"name": "search", "arguments": {"query": "unfinish'  # a call cut off by the length limit
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def records() -> list[dict]:

@@ -98,8 +98,8 @@ def _hint_schema(hint) -> tuple[dict, str | None]:
     if origin is Literal:
         kinds = []
         for v in args:
-            kind = _json_type(v)
-            if kind is None:
+            kind = json_type(v)
+            if kind not in _SCALARS:
                 raise TypeError(f"Literal value {v!r} is not a JSON scalar")
             if kind not in kinds:
                 kinds.append(kind)
@@ -140,7 +140,8 @@ def _nullable(schema: dict) -> dict:
     return out
 
 
-def _json_type(value) -> str | None:
+def json_type(value) -> str | None:
+    """The JSON type name of a decoded JSON value (bool before int: True is an int in Python); None otherwise."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -151,11 +152,18 @@ def _json_type(value) -> str | None:
         return "number"
     if isinstance(value, str):
         return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
     return None
 
 
+_SCALARS = ("null", "boolean", "integer", "number", "string")
+
+
 def _is_json_scalar(value) -> bool:
-    return value is not None and _json_type(value) is not None
+    return value is not None and json_type(value) in _SCALARS
 
 
 def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
