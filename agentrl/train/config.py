@@ -59,6 +59,7 @@ class RolloutConfig:
     rollouts_in_flight: int = 64
     # Finished batches allowed to wait for the trainer before the driver stops starting groups (staleness bound).
     max_ready_batches: int = 1
+    drop_truncated: bool = False  # leave out rollouts cut at max_sample_tokens instead of training on them
 
     def __post_init__(self):
         _check_types(self, "rollout")

@@ -101,7 +101,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     driver = RolloutDriver(env, engine, fmt, prompts, RolloutConfig(
         num_generations=r.group_size, rollouts_in_flight=r.rollouts_in_flight, max_turns=r.max_turns,
         max_tokens_per_turn=r.max_new_tokens, max_total_tokens=r.max_sample_tokens, temperature=r.temperature,
-        seed=cfg.seed, advantage=cfg.loss.advantage,
+        seed=cfg.seed, advantage=cfg.loss.advantage, drop_truncated=r.drop_truncated,
         max_ready_samples=r.max_ready_batches * r.groups_per_step * r.group_size))
     samples_per_step = r.groups_per_step * r.group_size
     engine.start()
@@ -149,7 +149,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
                     "train_seconds": train_seconds, "trained_tokens": batch.num_tokens,
                     "trained_tokens_per_s": batch.num_tokens / max(train_seconds, 1e-9),
                     "generated_tokens": int(tokens.target_ids.numel()), "rows": n_rows,
-                    "ready_groups": len(driver.pool), "rollouts_in_flight": driver.stats.in_flight,
+                    "ready_groups": len(driver.pool), "ready_pool_age_s": driver.pool.oldest_age(),
+                    "rollouts_in_flight": driver.stats.in_flight,
                     **_merge(metrics_rows), **{f"rollout/{k}": v for k, v in summarize(trajectories).items()},
                     **{f"engine/{k}": v for k, v in asdict(engine.stats).items()}}
             if step % cfg.checkpoint.log_every == 0 or step + 1 == cfg.steps:
