@@ -2,8 +2,8 @@
 
 import json
 
-
 from agentrl.cli import main
+from agentrl.train.checkpoint import latest_checkpoint, step_dir
 
 
 def test_train_gsm8k_tiny_qwen3_three_steps_then_resume(tmp_path, monkeypatch, capsys):
@@ -15,13 +15,15 @@ def test_train_gsm8k_tiny_qwen3_three_steps_then_resume(tmp_path, monkeypatch, c
     for r in records:
         assert r["rollout/n"] == 32 and r["trained_tokens"] > 0 and not r["skipped"]  # 4 groups of 8
         assert r["loss/is_ratio_max"] < 1.01  # same weights in engine and trainer: behaviour logprobs agree
-    assert (run / "step-000003").exists() or any(p.name.endswith("3") for p in run.iterdir())
+    assert latest_checkpoint(run) == step_dir(run, 3)
+    assert (run / "final" / "config.json").exists()  # the plain model directory `agentrl eval --model` loads
     # Resuming a finished run to a later step continues from the checkpoint, not from scratch (smaller
     # rollouts: the point here is the resume, not the rollout size).
     assert main(["train", "gsm8k_math", "--model", "tiny-qwen3", "--max-steps", "4", "--rollout.group_size=2",
                  "--rollout.groups_per_step=1", "--rollout.max_new_tokens=16"]) == 0
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert latest_checkpoint(run) == step_dir(run, 4)
 
 
 def test_bad_config_fails_before_loading_anything(tmp_path, monkeypatch, capsys):
