@@ -8,7 +8,7 @@ _EXPORTS = {
     "PackedBatch": "pack", "TrainableTokens": "pack", "pack_samples": "pack", "first_fit_decreasing": "pack",
     "packed_hidden_states": "logprobs", "packed_token_logprobs": "logprobs", "chunked_logprobs": "logprobs",
     "packing_error": "logprobs", "is_hybrid": "logprobs",
-    "policy_loss": "loss", "loss_denominator": "loss", "group_advantages": "loss",
+    "policy_loss": "loss", "loss_denominator": "loss",
     "build_optimizer": "optim", "build_scheduler": "optim", "should_skip": "optim", "Stepper": "optim",
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint",
     "TrainConfig": "config", "ConfigError": "config",

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
-ADVANTAGE_MODES = ("mean_std", "mean")
 
 
 class ConfigError(ValueError):

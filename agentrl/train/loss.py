@@ -22,30 +22,12 @@ down-weighted (kept in the counts, with weight `stale_weight`).
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
-from agentrl.train.config import ADVANTAGE_MODES, LossConfig
+from agentrl.train.config import LossConfig
 from agentrl.train.pack import TrainableTokens
 
 _MAX_LOG_RATIO = 20.0  # exp(20) = 4.9e8, far past any clip or cap; keeps inf * 0 from turning into nan
-
-
-def group_advantages(rewards: Sequence[float] | torch.Tensor, mode: str = "mean_std", eps: float = 1e-6) -> torch.Tensor:
-    """Advantages of one group (or `[G, n]` groups) of rewards, over the last dim.
-
-    `mean_std`: (r - mean) / (std + eps), std the population one (ddof 0), so a group split evenly between
-    rewards a and b gets exactly +-1 (up to eps). `mean`: r - mean (Dr.GRPO: no division by std, which
-    over-weights groups whose rewards barely differ). A group with one reward everywhere gets zeros.
-    """
-    if mode not in ADVANTAGE_MODES:
-        raise ValueError(f"advantage mode {mode!r} is not one of {ADVANTAGE_MODES}")
-    r = torch.as_tensor(rewards, dtype=torch.float64)
-    centred = r - r.mean(dim=-1, keepdim=True)
-    if mode == "mean_std":
-        centred = centred / (r.std(dim=-1, unbiased=False, keepdim=True) + eps)
-    return centred.float()
 
 
 def _keep_weights(tokens: TrainableTokens, cfg: LossConfig, current_version: int) -> torch.Tensor:
