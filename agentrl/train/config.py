@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 
-
 class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the key."""
 
