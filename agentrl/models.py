@@ -74,7 +74,7 @@ def embedded_model_dir() -> Path:
     target = cache_dir() / EMBEDDED
     if (target / "config.json").exists():
         return target
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = embedded_gguf_path()
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
