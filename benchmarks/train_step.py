@@ -9,12 +9,13 @@ sample, flex_attention's block mask) on a Qwen3-0.6B-shaped bf16 model, with gra
 MFU counts 6 x (non-embedding params + vocab x hidden) per token plus causal attention (12 x layers x q_dim x
 mean context), over 790 TFLOP/s (the H200's measured bf16 dense peak, docs/anchors.md).
 
-usage: python benchmarks/train_step.py [--tokens 25000] [--steps 3]
+usage: python benchmarks/train_step.py [--tokens 25000] [--steps 3] [--variants ckpt,nockpt@1] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import time
 
@@ -52,13 +53,21 @@ def flops_per_step(model, batch) -> float:
     return 6 * params * tokens + attention
 
 
-def step_agentrl(model, batch, cfg):
+def step_agentrl(model, batch, cfg, rows_per_micro_batch=None):
+    """The trainer's step: micro-batches of `rows_per_micro_batch` rows (all rows at once if None), gradients
+    accumulated, the loss normalised over the whole batch as train/loop.py does."""
     from agentrl.train.logprobs import packed_token_logprobs
-    from agentrl.train.loss import policy_loss
+    from agentrl.train.loss import loss_denominator, policy_loss
 
-    logprobs, entropy = packed_token_logprobs(model, batch, chunk_size=1024)
-    loss, _ = policy_loss(logprobs, batch.trainable_tokens(), cfg, current_version=0, entropy=entropy)
-    loss.backward()
+    n_rows = batch.shape[0]
+    per = rows_per_micro_batch or n_rows
+    denominator = loss_denominator(batch.trainable_tokens(), cfg, 0)
+    for first in range(0, n_rows, per):
+        micro = batch.select_rows(first, min(first + per, n_rows))
+        logprobs, entropy = packed_token_logprobs(model, micro, chunk_size=1024)
+        loss, _ = policy_loss(logprobs, micro.trainable_tokens(), cfg, current_version=0, entropy=entropy,
+                              denominator=denominator)
+        loss.backward()
     return loss
 
 
@@ -74,7 +83,7 @@ def step_full_logits(model, batch, cfg):
     return loss
 
 
-def measure(name, fn, model, batch, cfg, steps):
+def measure(name, fn, model, batch, cfg, steps, profile=False):
     model.zero_grad(set_to_none=True)
     torch.cuda.empty_cache()
     try:
@@ -89,13 +98,41 @@ def measure(name, fn, model, batch, cfg, steps):
             model.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         seconds = (time.perf_counter() - t) / steps
+        if profile:
+            print_profile(name, fn, model, batch, cfg)
     except torch.cuda.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
         return {"name": name, "error": "out of memory"}
+    except Exception as exc:  # one variant failing (e.g. to compile) must not hide the rest of the table
+        model.zero_grad(set_to_none=True)
+        return {"name": name, "error": f"{type(exc).__name__}: {exc}"[:200]}
     peak = torch.cuda.max_memory_allocated() / 2**30
     flops = flops_per_step(model, batch)
     return {"name": name, "seconds": seconds, "tok_s": batch.num_tokens / seconds,
             "mfu": flops / seconds / PEAK_FLOPS, "peak_gib": peak}
+
+
+def print_profile(name, fn, model, batch, cfg):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn(model, batch, cfg)
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    print(f"--- {name}: GPU kernel time {sum(e.self_device_time_total for e in events) / 1e3:.1f} ms a step")
+    print(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=70))
+
+
+def set_variant(model, variant: str):
+    """`ckpt` (full activation checkpointing), `nockpt`; `+compile` compiles every decoder layer."""
+    if variant.startswith("ckpt"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+    if "compile" in variant:
+        for layer in model.model.layers:
+            layer.compile(dynamic=False)
 
 
 def main():
@@ -103,7 +140,10 @@ def main():
     ap.add_argument("--tokens", type=int, default=25000)
     ap.add_argument("--row-tokens", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--no-checkpointing", action="store_true")
+    ap.add_argument("--variants", default="ckpt",
+                    help="comma list of ckpt|nockpt[+compile][@rows per micro-batch], e.g. ckpt,nockpt@1,nockpt+compile@1")
+    ap.add_argument("--profile", action="store_true", help="print the kernel table of each variant")
+    ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args()
 
     from benchmarks.engine import qwen3_shaped
@@ -114,15 +154,19 @@ def main():
     model = qwen3_shaped()
     model.set_attn_implementation("flex_attention")
     model.train()
-    if not args.no_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     samples = make_samples(args.tokens, model.config.vocab_size)
     batch = pack_samples(samples, args.row_tokens, pad_to_multiple=128).to("cuda")
     cfg = LossConfig()
-    rows = [measure("agentrl (chunked lm_head)", step_agentrl, model, batch, cfg, args.steps),
-            measure("HF full fp32 logits", step_full_logits, model, batch, cfg, args.steps)]
-    print(f"{len(samples)} samples, {batch.num_tokens} tokens in {batch.shape[0]} rows of {batch.shape[1]}, "
-          f"checkpointing {'off' if args.no_checkpointing else 'on'}")
+    rows = []
+    if not args.skip_hf:  # the baseline first, on the model before any layer is compiled
+        set_variant(model, "ckpt")
+        rows.append(measure("HF full fp32 logits, ckpt", step_full_logits, model, batch, cfg, args.steps, args.profile))
+    for variant in args.variants.split(","):
+        kind, _, micro = variant.partition("@")
+        set_variant(model, kind)
+        fn = functools.partial(step_agentrl, rows_per_micro_batch=int(micro) if micro else None)
+        rows.append(measure(f"agentrl {variant}", fn, model, batch, cfg, args.steps, args.profile))
+    print(f"{len(samples)} samples, {batch.num_tokens} tokens in {batch.shape[0]} rows of {batch.shape[1]}")
     print(f"{'path':<28} {'s/step':>8} {'tok/s':>9} {'MFU':>7} {'peak GiB':>9}")
     for r in rows:
         if "error" in r:

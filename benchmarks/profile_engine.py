@@ -1,0 +1,104 @@
+"""Where a decode step of the engine spends its time: host phases, GPU kernels, and the gap between them.
+
+Runs the throughput benchmark's workload (Qwen3-0.6B shape, random bf16 weights, 512 prompts of 256 tokens),
+steps the engine by hand until every sequence decodes, then
+- times 20 pure-decode steps: wall time per step, and the host time of each phase (scheduling, the graph
+  replay call, sampling + the one sync, bookkeeping after it), by wrapping the engine's own methods;
+- profiles 5 more steps with torch.profiler and prints the kernels by total GPU time.
+GPU busy time per step well below wall time means the GPU waits on the host; the opposite points at kernels.
+
+usage: python benchmarks/profile_engine.py [--seqs 512] [--prompt 256] [--trace out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import time
+
+import torch
+
+
+def wrap_timer(obj, name, totals):
+    fn = getattr(obj, name)
+
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[name] += time.perf_counter() - t
+
+    setattr(obj, name, timed)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqs", type=int, default=512)
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--trace", default=None, help="write a chrome trace of the profiled steps")
+    args = ap.parse_args()
+
+    from benchmarks.engine import qwen3_shaped, random_prompts
+
+    from agentrl.engine import Engine, EngineConfig, SamplingParams
+
+    model = qwen3_shaped()
+    engine = Engine(model, EngineConfig(max_num_seqs=args.seqs, max_model_len=args.prompt + 256 + 64,
+                                        max_tokens_per_step=8192))
+    prompts = random_prompts(args.seqs, args.prompt, model.config.vocab_size)
+    engine.generate(prompts[:8], SamplingParams(max_new_tokens=4, temperature=0.0))  # captures the graphs
+    sampling = SamplingParams(max_new_tokens=256, temperature=0.0, ignore_eos=True)
+    for p in prompts:
+        engine.submit(p, sampling)
+    t = time.perf_counter()
+    admit_steps = 0
+    while engine.scheduler.waiting or any(s.pending > 1 for s in engine.scheduler.running):
+        engine.step()
+        admit_steps += 1
+    torch.cuda.synchronize()
+    print(f"admission + prefill: {admit_steps} steps, {time.perf_counter() - t:.3f} s")
+
+    totals = collections.Counter()
+    wrap_timer(engine.scheduler, "schedule", totals)
+    wrap_timer(engine.scheduler, "commit", totals)
+    wrap_timer(engine, "sampler", totals)
+    if engine.graphs is not None:
+        wrap_timer(engine.graphs, "run", totals)
+    wrap_timer(engine, "_forward", totals)
+    wrap_timer(engine, "_run", totals)  # the others are inside it, and so is the sync
+    before = engine.stats
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(args.steps):
+        engine.step()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t) / args.steps
+    after = engine.stats
+    print(f"decode: {args.steps} steps, {wall * 1e3:.2f} ms a step, {args.seqs / wall:,.0f} tok/s; "
+          f"graph steps {after.graph_steps - before.graph_steps}, captures {after.graph_captures}")
+    for name, seconds in totals.most_common():
+        print(f"  host {name:<10} {seconds / args.steps * 1e3:8.2f} ms a step")
+
+    # The sampler's time includes the sync (.tolist()), i.e. waiting for the GPU; the device view below splits it.
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = 5
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    gpu_total = sum(e.self_device_time_total for e in events) / steps / 1e3
+    print(f"GPU kernel time {gpu_total:.2f} ms a step (sum of kernels), wall {wall * 1e3:.2f} ms a step")
+    print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
+
+
+if __name__ == "__main__":
+    main()
