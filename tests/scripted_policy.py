@@ -101,9 +101,13 @@ class ScriptedPolicy(nn.Module):
             raise AssertionError("the scripted policy was asked to continue a sequence with no assistant turn")
         generated = history[headers[-1] + len(ASSISTANT_HEADER):].tolist()
         wanted = self.turn_ids(question, len(headers) - 1)
-        if generated != wanted[:len(generated)] or len(generated) >= len(wanted):
+        if generated != wanted[:len(generated)] or len(generated) > len(wanted):
             raise AssertionError(f"the sequence left the script in turn {len(headers) - 1} of {question!r}: "
                                  f"generated {generated}, scripted {wanted}")
+        if len(generated) == len(wanted):
+            # The turn is over, but the engine queued this step before it saw the turn's last token (it overlaps
+            # step n+1 with step n): whatever is sampled here is discarded.
+            return wanted[-1]
         return wanted[len(generated)]
 
     def forward(self, input_ids, position_ids=None, logits_to_keep=0, **kwargs):

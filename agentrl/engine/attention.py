@@ -125,12 +125,21 @@ def layout_step(batch, page_size: int, pad_to: int | None = None) -> HostStep:
 
 
 def upload(parts: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
-    """Every part in one (pinned, on CUDA) host buffer and one copy; returns the device views by name."""
+    """Every part in one (pinned, on CUDA) host buffer and one copy; returns the device views by name.
+
+    Each part starts on a 16-byte boundary: Triton specialises a kernel on the alignment of its pointer
+    arguments, so parts at odd int64 offsets (which move with the step's sizes) would compile extra variants of
+    every kernel they reach, in the middle of a run."""
     sizes = [a.size for a in parts.values()]
-    host = torch.from_numpy(np.concatenate([a.reshape(-1) for a in parts.values()]))
+    starts = np.cumsum([0] + [n + (n & 1) for n in sizes])
+    flat = np.zeros(int(starts[-1]), dtype=np.int64)
+    for start, a in zip(starts, parts.values()):
+        flat[start:start + a.size] = a.reshape(-1)
+    host = torch.from_numpy(flat)
     if device.type == "cuda":
         host = host.pin_memory()
-    return dict(zip(parts, host.to(device, non_blocking=True).split(sizes)))
+    dev = host.to(device, non_blocking=True)
+    return {name: dev[start:start + n] for name, start, n in zip(parts, starts.tolist(), sizes)}
 
 
 def step_inputs(host: HostStep, dev: dict[str, torch.Tensor], page_size: int):

@@ -30,6 +30,9 @@ class EngineConfig:
     they stay valid across optimizer steps that update parameters in place, which is what the engine
     requires anyway (the view shares the training tensors); a re-assigned parameter is noticed and the
     graphs are captured again.
+    `overlap`: queue step n+1 on the device before waiting for step n's sampled tokens (they reach step n+1 on
+    the device), so host bookkeeping and scheduling run while the device computes. Off: each step is waited for
+    before the next is scheduled. Outputs are identical either way.
     """
 
     page_size: int = 16
@@ -46,6 +49,7 @@ class EngineConfig:
     kv_on_update: str = "keep"
     attention_backend: str = "auto"
     cuda_graphs: bool = True
+    overlap: bool = True
 
     def __post_init__(self):
         for name in ("page_size", "max_num_seqs", "max_tokens_per_step"):

@@ -47,6 +47,14 @@ import torch
 
 from agentrl.engine import attention
 
+
+def fill_placeholders(ids: torch.Tensor, dev: dict, previous: torch.Tensor | None) -> None:
+    """Write the in-flight step's sampled ids into the input rows that feed them (device to device, no sync)."""
+    rows = dev.get("fill_rows")
+    if rows is not None:
+        dst, src = rows.view(2, -1)
+        ids.index_copy_(0, dst, previous.index_select(0, src))
+
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
@@ -127,10 +135,10 @@ class DecodeGraphs:
         return sorted(self._graphs)
 
     # -- running -------------------------------------------------------------------------------------
-    def run(self, batch, extra: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def run(self, batch, extra: dict, previous: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Replay the step's graph. `extra` holds more host parts for the step's one upload (the sampler's
-        columns). Returns logits `[n, vocab]` (a view of the graph's output: read it before the next replay)
-        and the uploaded device parts."""
+        columns, the rows to fill from `previous`, the in-flight step's sampled ids). Returns logits `[n, vocab]`
+        (a view of the graph's output: read it before the next replay) and the uploaded device parts."""
         n = len(batch)
         bucket = self.bucket(n)
         host = attention.layout_step(batch, self.page_size, pad_to=bucket)
@@ -141,6 +149,7 @@ class DecodeGraphs:
         parts = {name: host.parts[name] for name in ("ids", "pos", "slots", "ctx", "tables")}
         dev = attention.upload({**parts, **extra}, self.device)
         self.ids[:bucket].copy_(dev["ids"])
+        fill_placeholders(self.ids, dev, previous)
         self.pos[:bucket].copy_(dev["pos"])
         self.slots[:bucket].copy_(dev["slots"])
         self.seq_lens[:bucket].copy_(dev["ctx"])

@@ -32,21 +32,37 @@ import queue
 import random
 import threading
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from agentrl.engine import attention
 from agentrl.engine.config import EngineConfig, resolve_eos_ids, resolve_max_model_len
-from agentrl.engine.cuda_graphs import DecodeGraphs, graphs_supported
+from agentrl.engine.cuda_graphs import DecodeGraphs, fill_placeholders, graphs_supported
 from agentrl.engine.kv_pool import PagePool
 from agentrl.engine.kv_storage import KVStorage
 from agentrl.engine.linear_state import LinearStates
 from agentrl.engine.model_view import geometry, make_view, model_device_dtype
 from agentrl.engine.sampler import Sampler
-from agentrl.engine.scheduler import Scheduler, Sequence
+from agentrl.engine.scheduler import FINISHED, Scheduler, Sequence
 from agentrl.engine.stats import EngineStats
 from agentrl.engine.types import Completion, SamplingParams
+
+
+PLACEHOLDER = -1  # a sampled token whose value is still on the device
+
+
+@dataclass
+class _InFlight:
+    """A launched step: what it scheduled, where its sampled tokens go, and its results on their way to the host."""
+
+    batch: list
+    placed: list[tuple[Sequence, int]]  # (sequence, index of the placeholder in its tokens), in sampled-row order
+    version: int
+    tokens: torch.Tensor | None  # sampled ids on the device: the next step's placeholders are filled from them
+    results: torch.Tensor | None  # [2, N] float64 tokens and logprobs (pinned host memory on CUDA)
+    event: object  # CUDA event recorded after the copy (None off CUDA)
 
 
 class Engine:
@@ -87,6 +103,7 @@ class Engine:
         self._next_id = 0
         self._rng = random.Random(config.seed)
         self._recompute_pending = False
+        self._in_flight: _InFlight | None = None
         self._released = False
         self._results: queue.Queue = queue.Queue()
         self._wake = threading.Event()
@@ -163,12 +180,17 @@ class Engine:
             finished = self._drain_inbox()
             if self._recompute_pending:
                 self._recompute_pending = False
+                finished += self._complete_in_flight()
                 self.scheduler.preempt_all()
                 self.pool.clear_cache()
-            version = self.policy_version
             batch = self.scheduler.schedule()
-            if batch:
-                finished += self._run(batch, version)
+            launched = self._launch(batch, self.policy_version) if batch else None
+            # Step n+1 is queued on the device before the host waits for step n: the device never idles
+            # while the host appends tokens, checks stops and schedules.
+            finished += self._complete_in_flight()
+            self._in_flight = launched
+            if not self.config.overlap:
+                finished += self._complete_in_flight()
         done = []
         for seq in finished:
             completion = self._completion(seq)
@@ -177,45 +199,81 @@ class Engine:
             done.append((completion, seq.callback is not None))
         return done
 
-    def _run(self, batch, version: int) -> list[Sequence]:
+    def _launch(self, batch, version: int) -> _InFlight:
+        """Queue one step on the device: forward, sampling, and the copy of its results to the host. Sampled
+        sequences get a placeholder token, resolved by `_complete`."""
         sampling = [item.seq for item in batch if item.samples]
         params = [seq.params for seq in sampling]
         extra = {}
         if any(p.temperature > 0 for p in params):  # counter: the index the sampled token will take
             extra["sampling"] = Sampler.columns(params, [s.seed for s in sampling], [len(s.tokens) for s in sampling])
+        fills = [(i, item.seq.source_row) for i, item in enumerate(batch) if item.decode and item.seq.unresolved]
+        if fills:
+            extra["fill_rows"] = np.array([r for r, _ in fills] + [s for _, s in fills], dtype=np.int64)
+        previous = self._in_flight.tokens if self._in_flight is not None else None
         st = self._stats
         if self.graphs is not None and self.graphs.accepts(batch):
-            logits, dev = self.graphs.run(batch, extra)
+            logits, dev = self.graphs.run(batch, extra, previous)
             st.graph_steps += 1
         else:
-            logits, dev = self._forward(batch, extra)
-        self.scheduler.commit(batch)
+            logits, dev = self._forward(batch, extra, previous)
+        self.scheduler.advance(batch)
         st.steps += 1
         decodes = sum(item.decode for item in batch)
         st.decode_steps += decodes > 0
         st.decoded_seqs += decodes
         st.prefilled_tokens += sum(item.length for item in batch if not item.decode)
         if not sampling:
-            return []
+            return _InFlight(batch, [], version, None, None, None)
         tokens, logprobs = self.sampler(logits, params, dev.get("sampling"))
-        # One device-to-host transfer per step: ids are exact in float64.
-        host_tokens, host_logprobs = torch.stack([tokens.double(), logprobs.double()]).tolist()
+        # One device-to-host transfer per step, started now and waited for one step later; ids are exact in float64.
+        results = torch.stack([tokens.double(), logprobs.double()])
+        event = None
+        if results.is_cuda:
+            host = torch.empty(results.shape, dtype=results.dtype, pin_memory=True)
+            host.copy_(results, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            results = host
+        placed = []
+        for row, seq in enumerate(sampling):
+            placed.append((seq, len(seq.tokens)))
+            seq.tokens.append(PLACEHOLDER)
+            seq.unresolved += 1
+            seq.source_row = row
+            seq.final = seq.num_generated >= seq.params.max_new_tokens or len(seq.tokens) >= self.max_model_len
+        return _InFlight(batch, placed, version, tokens, results, event)
+
+    def _complete_in_flight(self) -> list[Sequence]:
+        """Wait for the step in flight, if any: resolve its placeholders, check stops, advertise full pages."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return []
         finished = []
-        for seq, tok, lp in zip(sampling, host_tokens, host_logprobs):
-            seq.tokens.append(int(tok))
-            seq.logprobs.append(lp)
-            seq.versions.append(version)
-            st.generated_tokens += 1
-            reason = self._stop_reason(seq)
-            if reason:
-                self._finish(seq, reason)
-                finished.append(seq)
+        if flight.placed:
+            if flight.event is not None:
+                flight.event.synchronize()
+            host_tokens, host_logprobs = flight.results.tolist()
+            for (seq, index), tok, lp in zip(flight.placed, host_tokens, host_logprobs):
+                if seq.status == FINISHED:  # cancelled meanwhile: its placeholders were dropped
+                    continue
+                seq.tokens[index] = int(tok)
+                seq.unresolved -= 1
+                seq.logprobs.append(lp)
+                seq.versions.append(flight.version)
+                self._stats.generated_tokens += 1
+                reason = self._stop_reason(seq, index)
+                if reason:
+                    self._finish(seq, reason)
+                    finished.append(seq)
+        self.scheduler.register(flight.batch)
         return finished
 
-    def _forward(self, batch, extra: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _forward(self, batch, extra: dict, previous) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The eager forward of one step: logits `[N, vocab]` of its sampled rows, and its uploaded parts."""
         host = attention.layout_step(batch, self.pool.page_size)
         dev = attention.upload({**host.parts, **extra}, self.device)
+        fill_placeholders(dev["ids"], dev, previous)
         input_ids, position_ids, rows, meta = attention.step_inputs(host, dev, self.pool.page_size)
         self.backend.prepare(meta)
         kwargs = {attention.STEP_KWARG: attention.PagedStep(self.backend, self.storage, meta, self._layer_slot)}
@@ -226,19 +284,24 @@ class Engine:
                             **kwargs)
         return out.logits[0], dev
 
-    def _stop_reason(self, seq: Sequence) -> str:
-        if seq.tokens[-1] in seq.stop_ids:
+    def _stop_reason(self, seq: Sequence, index: int) -> str:
+        """Why `seq` ends at its token `index` (just resolved), or ""."""
+        if seq.tokens[index] in seq.stop_ids:
             return "stop"
+        generated = index + 1 - seq.prompt_len
         for stop in seq.params.stop_sequences:
-            if 0 < len(stop) <= seq.num_generated and tuple(seq.tokens[-len(stop):]) == tuple(stop):
+            if 0 < len(stop) <= generated and tuple(seq.tokens[index + 1 - len(stop):index + 1]) == tuple(stop):
                 return "stop"
-        if seq.num_generated >= seq.params.max_new_tokens:
+        if generated >= seq.params.max_new_tokens:
             return "length"
-        if len(seq.tokens) >= self.max_model_len:
+        if index + 1 >= self.max_model_len:
             return "max_model_len"
         return ""
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        if seq.unresolved:  # tokens sampled after the end (or a cancel): never part of the completion
+            del seq.tokens[-seq.unresolved:]
+            seq.unresolved = 0
         self.scheduler.finish(seq, reason)
         if self.linear is not None:
             self.linear.free(seq)
@@ -322,7 +385,7 @@ class Engine:
         with self._inbox_lock:
             if self._inbox or self._cancels:
                 return True
-        return self.scheduler.has_work()
+        return self._in_flight is not None or self.scheduler.has_work()
 
     # -- weights and memory ---------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -11,6 +11,12 @@ Each step, in order:
    stall half way and thrash; its longest cached prefix of full pages is mapped, never its last token,
    which must run to yield logits.
 Prefill chunks share the step with decodes, so a long prompt never stalls the sequences already decoding.
+
+The engine schedules step n+1 while step n still runs on the device, so a sequence's last token may be a
+placeholder whose value arrives with step n's results (`Sequence.unresolved` counts such trailing tokens). The
+scheduler needs only lengths for its decisions; it feeds a placeholder only as a decode (the device takes the
+value from step n's output), never admits a sequence that still has one, and leaves alone a sequence whose
+pending token already reached a length limit (`final`: it finishes when that token resolves).
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ class Sequence:
     versions: list[int] = field(default_factory=list)
     cached_tokens: int | None = None  # prompt tokens served from the prefix cache at first admission
     finish_reason: str = ""
+    unresolved: int = 0  # trailing tokens sampled by a step still in flight (placeholders in `tokens`)
+    source_row: int = -1  # row of the in-flight step's output that holds the value of the last placeholder
+    final: bool = False  # the pending token reaches a length limit: no more steps, it finishes on resolving
 
     @property
     def num_generated(self) -> int:
@@ -94,7 +103,7 @@ class Scheduler:
     def schedule(self) -> list[Scheduled]:
         while True:
             batch = self._schedule_once()
-            if batch or not self.running:
+            if batch or all(seq.final for seq in self.running):
                 return batch
             # Nothing fits although sequences are running (all part way through prefill with the pool
             # full): give the newest one's pages to the others. One sequence alone always fits, since
@@ -106,7 +115,7 @@ class Scheduler:
         ps = self.page_size
         for seq in list(self.running):
             n = seq.num_computed
-            if seq.status != RUNNING or len(seq.tokens) - n != 1:
+            if seq.status != RUNNING or len(seq.tokens) - n != 1 or seq.final:
                 continue
             if n < len(seq.pages) * ps:  # the common case, checked inline: its page has room (this loop is hot)
                 batch.append(Scheduled(seq, n, 1, True))
@@ -130,7 +139,7 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self._admit(seq):
+            if seq.unresolved or not self._admit(seq):  # a placeholder can be fed only as a decode
                 break
             self.waiting.popleft()
             n = self._grow_chunk(seq, min(seq.pending, budget))
@@ -138,17 +147,29 @@ class Scheduler:
             budget -= n
         return batch
 
-    def commit(self, batch: list[Scheduled]) -> None:
-        """The step ran: its tokens' KV is written; advertise the pages that became full."""
+    def advance(self, batch: list[Scheduled]) -> None:
+        """The step is launched: its tokens count as computed (their KV is written before any later step runs)."""
+        for item in batch:
+            item.seq.num_computed = item.start + item.length
+
+    def register(self, batch: list[Scheduled]) -> None:
+        """The step's sampled values are known: advertise the pages that became full of computed, known tokens."""
+        ps = self.page_size
         for item in batch:
             seq = item.seq
-            seq.num_computed = item.start + item.length
-            full = seq.num_computed // self.page_size
+            if seq.status != RUNNING:  # finished or preempted since: its pages went back to the pool
+                continue
+            full = min(seq.num_computed, len(seq.tokens) - seq.unresolved) // ps
             if full > seq.num_registered:
-                keys = seq.keys(full, self.page_size)
+                keys = seq.keys(full, ps)
                 for i in range(seq.num_registered, full):
-                    self.pool.register(seq.pages[i], keys[i], seq.content(i, self.page_size))
+                    self.pool.register(seq.pages[i], keys[i], seq.content(i, ps))
                 seq.num_registered = full
+
+    def commit(self, batch: list[Scheduled]) -> None:
+        """Both, for a step whose results are already known."""
+        self.advance(batch)
+        self.register(batch)
 
     # -- membership -----------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
