@@ -219,3 +219,18 @@ def test_write_then_decode_round_trip():
     ta.write_kv(k_new, v_new, k_cache, v_cache, slots)
     assert torch.equal(k_cache.view(-1, 2, 64)[slots], k_new)
     check((q, k_cache, v_cache, block_tables, seq_lens, qsl), torch.float32, config={"block_n": 16})
+
+
+@in_interpreter
+def test_greedy_kernel_matches_argmax_and_log_softmax():
+    from agentrl.engine.triton_sampling import greedy
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 9000, generator=g) * 4  # 9000: three blocks of 4096, the last one ragged
+    logits[1, 8500] = 50.0  # the winner in the ragged tail
+    logits[2, [10, 5000]] = 60.0  # a tie across blocks: the lower index wins, as torch.argmax
+    logits[3, [4096, 4097]] = 60.0  # a tie inside one block
+    tokens, logprobs = greedy(logits)
+    assert tokens.tolist() == logits.argmax(-1).tolist() == [tokens[0].item(), 8500, 10, 4096, tokens[4].item()]
+    expect = logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0]
+    assert torch.allclose(logprobs, expect, atol=1e-5, rtol=0)

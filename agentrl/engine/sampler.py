@@ -91,6 +91,10 @@ class Sampler:
         """Tokens `[N]` and their behaviour logprobs `[N]` for logits `[N, V]`. `columns` is what `columns()`
         built (a device tensor, or the host array); without it, it is built from `seeds` and `counters`."""
         n, vocab = logits.shape
+        if logits.is_cuda and all(p.temperature == 0 for p in params):
+            from agentrl.engine.triton_sampling import greedy
+
+            return greedy(logits)
         logits = logits.float()
         if all(p.temperature == 0 for p in params):
             # log_softmax at the argmax is -log(sum(exp(x - max))): no [N, V] log-softmax written for one entry

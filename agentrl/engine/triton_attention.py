@@ -148,8 +148,8 @@ def _combine_splits_kernel(part_acc, part_m, part_l, query_start_loc, out_ptr, s
              mask=offs_d < HEAD_DIM)
 
 
-@triton.jit
-def _prefill_kernel(q_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out_ptr, scale_log2,
+@triton.jit(do_not_specialize=["seq_offset"])
+def _prefill_kernel(q_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out_ptr, scale_log2, seq_offset,
                     stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
                     stride_ot, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -163,7 +163,7 @@ def _prefill_kernel(q_ptr, k_cache, v_cache, block_tables, seq_lens, query_start
     TOKENS: tl.constexpr = BLOCK_M // GROUP
     # Last tiles first: under the causal mask they see the most keys, so starting them early evens the tail.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
-    seq = tl.program_id(1)
+    seq = tl.program_id(1) + seq_offset  # prefills follow the step's decodes
     kvh = tl.program_id(2)
     q_start = tl.load(query_start_loc + seq)
     q_len = tl.load(query_start_loc + seq + 1) - q_start
@@ -316,9 +316,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         _launch_decode(q, k_cache, v_cache, block_tables[:num_decodes], seq_lens[:num_decodes], query_start_loc,
                        out, scale * _LOG2E, max_len, num_splits, {**decode_config(head_dim), **(config or {})})
     if num_decodes < num_seqs:
-        _launch_prefill(q, k_cache, v_cache, block_tables[num_decodes:], seq_lens[num_decodes:],
-                        query_start_loc[num_decodes:], out, scale * _LOG2E, max_q_len,
-                        {**prefill_config(head_dim), **(config or {})})
+        # Whole tensors and an offset rather than slices: a slice's address moves with `num_decodes`, and Triton
+        # compiles a variant per pointer alignment it meets.
+        _launch_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale * _LOG2E, max_q_len,
+                        num_decodes, {**prefill_config(head_dim), **(config or {})})
     return out
 
 
@@ -355,13 +356,14 @@ def _launch_decode(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
             HEAD_DIM=common["HEAD_DIM"], BLOCK_D=common["BLOCK_D"], num_warps=4)
 
 
-def _launch_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, max_q_len, cfg):
-    num_seqs, group = seq_lens.shape[0], q.shape[1] // k_cache.shape[2]
+def _launch_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, max_q_len,
+                    seq_offset, cfg):
+    num_seqs, group = seq_lens.shape[0] - seq_offset, q.shape[1] // k_cache.shape[2]
     strides, common = _common(q, k_cache, v_cache, block_tables, out)
     block_m = max(cfg["block_m"], triton.next_power_of_2(group))  # at least one token per tile
     grid = (triton.cdiv(max_q_len, block_m // group), num_seqs, k_cache.shape[2])
     _prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, *strides, GROUP=group,
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, seq_offset, *strides, GROUP=group,
         BLOCK_M=block_m, BLOCK_N=cfg["block_n"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **common)
 

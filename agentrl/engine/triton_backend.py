@@ -18,6 +18,12 @@ from agentrl.engine import triton_attention as kernels
 class TritonPagedAttention(attention.AttentionBackend):
     supports_graphs = True
 
+    def prepare(self, meta):
+        # The graphs' static block tables are int32; eager steps upload int64. One dtype means one compiled
+        # variant of each kernel, and the graph captures compile it before the first eager step needs it.
+        if meta.block_tables.dtype != torch.int32:
+            meta.block_tables = meta.block_tables.int()
+
     def write_kv(self, key_cache, value_cache, key, value, meta):
         kernels.write_kv(key, value, key_cache, value_cache, meta.slot_mapping)  # slot -1 (padding) is skipped
 
