@@ -84,9 +84,15 @@ def timed(fn):
 def run_engine(model, prompts, new_tokens, **engine_kwargs):
     from agentrl.engine import Engine, EngineConfig, SamplingParams
 
+    t = time.perf_counter()
     engine = Engine(model, EngineConfig(**engine_kwargs))
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    engine.generate(prompts[: min(8, len(prompts))], SamplingParams(max_new_tokens=4, temperature=0.0))  # warm-up
+    # Warm-up on other prompts of the same shapes (no prefix-cache hits for the timed pass): graph captures,
+    # Triton variants and torch.compile's shapes all happen here, as they would in the first minute of a run.
+    warm = random_prompts(len(prompts), len(prompts[0]), model.config.vocab_size, seed=99)
+    engine.generate(warm, SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True))
+    torch.cuda.synchronize()
+    print(f"engine set-up + warm-up pass: {time.perf_counter() - t:.1f} s", flush=True)
     outs, seconds, peak = timed(lambda: engine.generate(prompts, sampling))
     return engine, outs, seconds, peak
 
@@ -112,31 +118,58 @@ def run_padded_generate(model, prompts, new_tokens, batch):
     return seconds, peak
 
 
+def phases(engine, prompts, sampling):
+    """Run `prompts` to completion, stepping by hand: (seconds until every request has its first token, i.e. the
+    prefill phase; total seconds; completions in order)."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    ids = [engine.submit(p, sampling) for p in prompts]
+    done, first_token = {}, None
+    while len(done) < len(ids):
+        for c in engine.step():
+            done[c.request_id] = c
+        if first_token is None and len(engine._live) + len(done) == len(ids) and all(
+                s.logprobs for s in engine._live.values()):
+            torch.cuda.synchronize()
+            first_token = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return first_token, time.perf_counter() - t, [done[i] for i in ids]
+
+
 def multi_turn(model, n=256, prompt_len=1024, gen=64, tool=64, **engine_kwargs):
     """Turn 1: n x (prompt_len -> gen). Turn 2: each resubmitted with its generated ids + `tool` new tokens -> gen.
-    Also times turn 2 on a fresh engine (nothing cached) and the new tokens alone (prompts of gen + tool ids)."""
+    Compared with turn 2 on an engine without prefix cache and with the new tokens alone (prompts of the turn's
+    gen + tool ids, which is all turn 2 has to compute); each split into its prefill phase (until every request has
+    its first token) and the whole turn. The cache-hit share counts the resubmitted history (turn-1 prompt and
+    output), the tokens a cache can hold."""
     from agentrl.engine import Engine, EngineConfig, SamplingParams
 
     vocab = model.config.vocab_size
     sampling = SamplingParams(max_new_tokens=gen, temperature=0.0, ignore_eos=True)
     prompts = random_prompts(n, prompt_len, vocab, seed=1)
     tools = random_prompts(n, tool, vocab, seed=2)
-    cfg = EngineConfig(max_num_seqs=n, max_model_len=prompt_len + 2 * gen + tool + 64, **engine_kwargs)
-    engine = Engine(model, cfg)
-    engine.generate(prompts[:4], SamplingParams(max_new_tokens=4, temperature=0.0))
+    max_len = prompt_len + 2 * gen + tool + 64
+    engine = Engine(model, EngineConfig(max_num_seqs=n, max_model_len=max_len, **engine_kwargs))
+    warm = random_prompts(n, prompt_len, vocab, seed=3)  # compiles and captures, on other prompts
+    engine.generate(warm, SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True))
     first, t1, _ = timed(lambda: engine.generate(prompts, sampling))
     second_prompts = [p + c.token_ids + t for p, c, t in zip(prompts, first, tools)]
-    second, t2, peak = timed(lambda: engine.generate(second_prompts, sampling))
-    resubmitted = sum(len(p) for p in second_prompts)
+    torch.cuda.reset_peak_memory_stats()
+    t2_prefill, t2, second = phases(engine, second_prompts, sampling)
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    history = sum(len(p) + len(c.token_ids) for p, c in zip(prompts, first))
     cached = sum(c.cached_tokens for c in second)
-    cold = Engine(model, EngineConfig(max_num_seqs=n, max_model_len=cfg.max_model_len, enable_prefix_cache=False,
+    engine = None  # its pool goes before the next engine sizes its own
+    torch.cuda.empty_cache()
+    cold = Engine(model, EngineConfig(max_num_seqs=n, max_model_len=max_len, enable_prefix_cache=False,
                                       **engine_kwargs))
-    cold.generate(prompts[:4], SamplingParams(max_new_tokens=4, temperature=0.0))
-    _, t2_cold, _ = timed(lambda: cold.generate(second_prompts, sampling))
+    cold.generate(warm, SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True))
+    t2_cold_prefill, t2_cold, _ = phases(cold, second_prompts, sampling)
     alone = [c.token_ids + t for c, t in zip(first, tools)]
-    _, t_alone, _ = timed(lambda: cold.generate(alone, sampling))
-    return {"turn1_s": t1, "turn2_s": t2, "turn2_no_cache_s": t2_cold, "new_tokens_alone_s": t_alone,
-            "cache_hit_share": cached / resubmitted, "peak_gib": peak}
+    alone_prefill, t_alone, _ = phases(cold, alone, sampling)
+    return {"turn1_s": t1, "turn2_s": t2, "turn2_prefill_s": t2_prefill, "turn2_no_cache_s": t2_cold,
+            "turn2_no_cache_prefill_s": t2_cold_prefill, "new_tokens_alone_s": t_alone,
+            "new_tokens_alone_prefill_s": alone_prefill, "cache_hit_share": cached / history, "peak_gib": peak}
 
 
 def chat_prompts(tokenizer, n):
@@ -258,9 +291,12 @@ def main():
         del engine, outs
         torch.cuda.empty_cache()
         mt = multi_turn(model, n=64 if args.quick else 256, max_tokens_per_step=8192, gpu_memory_fraction=0.45)
-        print(f"multi-turn 256 x (1024 -> 64, +64 tool -> 64): turn 1 {mt['turn1_s']:.2f} s, turn 2 {mt['turn2_s']:.2f} s "
-              f"(no prefix cache {mt['turn2_no_cache_s']:.2f} s, new tokens alone {mt['new_tokens_alone_s']:.2f} s), "
-              f"resubmitted tokens served from cache {mt['cache_hit_share']:.1%}, peak {mt['peak_gib']:.1f} GiB")
+        print(f"multi-turn 256 x (1024 -> 64, +64 tool -> 64): turn 1 {mt['turn1_s']:.2f} s; resubmitted history "
+              f"served from the prefix cache {mt['cache_hit_share']:.1%}; peak {mt['peak_gib']:.1f} GiB")
+        print(f"{'turn 2':<34} {'prefill phase s':>16} {'whole turn s':>13}")
+        for name, key in (("with prefix cache", "turn2"), ("without prefix cache", "turn2_no_cache"),
+                          ("new tokens alone (no history)", "new_tokens_alone")):
+            print(f"{name:<34} {mt[key + '_prefill_s']:>16.3f} {mt[key + '_s']:>13.3f}")
     if args.smollm2:
         sm = smollm2_case()
         for dtype, (same, err) in sm["agreement"].items():

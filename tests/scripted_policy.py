@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from agentrl.engine.attention import STEP_KWARG
+from agentrl.engine.attention import current_step
 
 IM_START, IM_END = 257, 258
 USER_HEADER = [IM_START, *b"user\n"]
@@ -111,7 +111,7 @@ class ScriptedPolicy(nn.Module):
         return wanted[len(generated)]
 
     def forward(self, input_ids, position_ids=None, logits_to_keep=0, **kwargs):
-        step = kwargs.get(STEP_KWARG)
+        step = current_step()
         if step is None:
             raise RuntimeError("ScriptedPolicy steers the engine's forward only; use `.inner` for a plain forward")
         out = self.inner(input_ids=input_ids, position_ids=position_ids, logits_to_keep=logits_to_keep, **kwargs)

@@ -20,7 +20,9 @@ position `seq_lens[s] - query_len[s] + j` and sees every cached position up to i
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 ATTN_IMPLEMENTATION = "agentrl_paged"
-STEP_KWARG = "agentrl_step"
+_current = threading.local()
 
 
 @dataclass
@@ -300,7 +302,7 @@ def make_backend(name: str, device: torch.device, page_size: int) -> AttentionBa
 
 
 class PagedStep:
-    """What one forward step hands to every attention layer (through the `agentrl_step` kwarg)."""
+    """What one forward step hands to every attention layer (through `stepping`)."""
 
     def __init__(self, backend: AttentionBackend, storage, meta: StepMetadata, layer_slot: dict[int, int]):
         self.backend, self.storage, self.meta, self.layer_slot = backend, storage, meta, layer_slot
@@ -315,12 +317,31 @@ class PagedStep:
         return out.unsqueeze(0), None  # [1, T, Hq, D], as transformers' attention functions return
 
 
+@contextlib.contextmanager
+def stepping(step: PagedStep):
+    """Make `step` what every paged attention layer of forwards on this thread reads.
+
+    The step travels beside the forward rather than through its kwargs so that compiled decoder layers never see
+    it: a new object every step would be a new guard, and a recompile, every step."""
+    previous = getattr(_current, "step", None)
+    _current.step = step
+    try:
+        yield step
+    finally:
+        _current.step = previous
+
+
+def current_step() -> PagedStep | None:
+    return getattr(_current, "step", None)
+
+
+@torch.compiler.disable  # a compiled decoder layer breaks its graph here and calls the kernels eagerly
 def paged_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    step = kwargs.get(STEP_KWARG)
+    step = current_step()
     if step is None:
         raise RuntimeError(
-            f"attention implementation {ATTN_IMPLEMENTATION!r} was called without the {STEP_KWARG!r} kwarg: "
-            "only the engine's model view should use it, and this model does not pass attention kwargs through"
+            f"attention implementation {ATTN_IMPLEMENTATION!r} was called outside `attention.stepping(...)`: only "
+            "the engine's model view should use it"
         )
     if scaling is None:
         scaling = query.shape[-1] ** -0.5

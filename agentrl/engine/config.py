@@ -33,6 +33,8 @@ class EngineConfig:
     `overlap`: queue step n+1 on the device before waiting for step n's sampled tokens (they reach step n+1 on
     the device), so host bookkeeping and scheduling run while the device computes. Off: each step is waited for
     before the next is scheduled. Outputs are identical either way.
+    `compile`: torch.compile the view's decoder layers (None: on CUDA for models without linear-attention
+    layers); the training model is untouched. Costs a compile at the first steps.
     """
 
     page_size: int = 16
@@ -50,6 +52,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     cuda_graphs: bool = True
     overlap: bool = True
+    compile: bool | None = None
 
     def __post_init__(self):
         for name in ("page_size", "max_num_seqs", "max_tokens_per_step"):

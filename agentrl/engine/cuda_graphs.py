@@ -196,8 +196,8 @@ class DecodeGraphs:
 
         def forward() -> torch.Tensor:
             self.backend.prepare(meta)
-            with torch.no_grad():
-                out = self.view(input_ids=ids, position_ids=pos, use_cache=False, **{attention.STEP_KWARG: step})
+            with torch.no_grad(), attention.stepping(step):
+                out = self.view(input_ids=ids, position_ids=pos, use_cache=False)
             return out.logits[0]
 
         # All rows padding while warming up and capturing: nothing is written to or read from the KV pool.

@@ -43,7 +43,7 @@ from agentrl.engine.cuda_graphs import DecodeGraphs, fill_placeholders, graphs_s
 from agentrl.engine.kv_pool import PagePool
 from agentrl.engine.kv_storage import KVStorage
 from agentrl.engine.linear_state import LinearStates
-from agentrl.engine.model_view import geometry, make_view, model_device_dtype
+from agentrl.engine.model_view import compile_decoder_layers, geometry, make_view, model_device_dtype
 from agentrl.engine.sampler import Sampler
 from agentrl.engine.scheduler import FINISHED, Scheduler, Sequence
 from agentrl.engine.stats import EngineStats
@@ -72,6 +72,9 @@ class Engine:
         self.device, self.dtype = model_device_dtype(model)
         geo = self.geometry = geometry(model)
         self.view = make_view(model, attention.register())
+        compile_layers = config.compile if config.compile is not None else self.device.type == "cuda"
+        if compile_layers and not geo.linear_layers:
+            compile_decoder_layers(self.view)
         self.linear = LinearStates(self.view, geo, config.max_num_seqs) if geo.linear_layers else None
         if self.linear is not None and config.enable_prefix_cache:
             # A cached page restores KV but not the recurrent state after it; until states are
@@ -276,10 +279,11 @@ class Engine:
         fill_placeholders(dev["ids"], dev, previous)
         input_ids, position_ids, rows, meta = attention.step_inputs(host, dev, self.pool.page_size)
         self.backend.prepare(meta)
-        kwargs = {attention.STEP_KWARG: attention.PagedStep(self.backend, self.storage, meta, self._layer_slot)}
+        step = attention.PagedStep(self.backend, self.storage, meta, self._layer_slot)
+        kwargs = {}
         if self.linear is not None:
             kwargs[LinearStates.KWARG] = self.linear.plan(batch, self.scheduler.running)
-        with torch.no_grad():
+        with torch.no_grad(), attention.stepping(step):
             out = self.view(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=rows,
                             **kwargs)
         return out.logits[0], dev
