@@ -75,7 +75,7 @@ def main():
 
     totals = collections.Counter()
     wrap_timer(engine.scheduler, "schedule", totals)
-    wrap_timer(engine.scheduler, "commit", totals)
+    wrap_timer(engine.scheduler, "register", totals)
     wrap_timer(engine, "sampler", totals)
     if engine.graphs is not None:
         wrap_timer(engine.graphs, "run", totals)

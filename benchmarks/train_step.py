@@ -1,15 +1,20 @@
 """Train-step MFU and peak memory on the GPU: agentrl's packed step vs the HF full-logits baseline, one run.
 
 Both paths see the same packed rows (~25k real tokens, samples of 200-2000 tokens, position ids restarting per
-sample, flex_attention's block mask) on a Qwen3-0.6B-shaped bf16 model, with gradient checkpointing:
+sample) on a Qwen3-0.6B-shaped bf16 model:
 - agentrl: the decoder's hidden states → chunked lm_head over trainable tokens only (bf16 GEMMs, fp32
-  accumulation, no full-vocab logits) → GRPO loss → backward;
-- baseline: the HF forward producing full logits, cast to fp32 → log_softmax → gather → same loss → backward.
+  accumulation, no full-vocab logits) → GRPO loss → backward; attention is flex_attention's block mask over the
+  padded rows, or (`+varlen`) flash varlen attention over the real tokens laid end to end (no padding computed);
+- baseline: the HF forward producing full logits, cast to fp32 → log_softmax → gather → same loss → backward,
+  flex_attention, gradient checkpointing.
+
+When a variant uses varlen attention, the run first prints the largest |logprob| difference between the varlen
+and flex paths on the batch (no gradients), a correctness check riding in the same GPU run.
 
 MFU counts 6 x (non-embedding params + vocab x hidden) per token plus causal attention (12 x layers x q_dim x
 mean context), over 790 TFLOP/s (the H200's measured bf16 dense peak, docs/anchors.md).
 
-usage: python benchmarks/train_step.py [--tokens 25000] [--steps 3] [--variants ckpt,nockpt@1] [--profile]
+usage: python benchmarks/train_step.py [--tokens 25000] [--steps 3] [--variants ckpt,nockpt+compile+varlen@1] [--profile]
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ def flops_per_step(model, batch) -> float:
     return 6 * params * tokens + attention
 
 
+PAD_MULTIPLE = 128  # the trainer's row_pad_multiple, which also rounds the flat layout's length
+
+
 def step_agentrl(model, batch, cfg, rows_per_micro_batch=None):
     """The trainer's step: micro-batches of `rows_per_micro_batch` rows (all rows at once if None), gradients
     accumulated, the loss normalised over the whole batch as train/loop.py does."""
@@ -64,7 +72,7 @@ def step_agentrl(model, batch, cfg, rows_per_micro_batch=None):
     denominator = loss_denominator(batch.trainable_tokens(), cfg, 0)
     for first in range(0, n_rows, per):
         micro = batch.select_rows(first, min(first + per, n_rows))
-        logprobs, entropy = packed_token_logprobs(model, micro, chunk_size=1024)
+        logprobs, entropy = packed_token_logprobs(model, micro, chunk_size=1024, pad_multiple=PAD_MULTIPLE)
         loss, _ = policy_loss(logprobs, micro.trainable_tokens(), cfg, current_version=0, entropy=entropy,
                               denominator=denominator)
         loss.backward()
@@ -124,15 +132,55 @@ def print_profile(name, fn, model, batch, cfg):
     print(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=70))
 
 
+def parse_variant(variant: str) -> tuple[str, int | None]:
+    """`kind@rows` -> (kind, rows per micro-batch or None for all rows), checked before any GPU time is spent."""
+    kind, _, micro = variant.partition("@")
+    parts = kind.split("+")
+    if parts[0] not in ("ckpt", "nockpt") or set(parts[1:]) - {"compile", "varlen"} or (micro and not micro.isdigit()):
+        raise SystemExit(f"variant {variant!r}: expected ckpt|nockpt[+compile][+varlen][@rows]")
+    return kind, int(micro) if micro else None
+
+
 def set_variant(model, variant: str):
-    """`ckpt` (full activation checkpointing), `nockpt`; `+compile` compiles every decoder layer."""
-    if variant.startswith("ckpt"):
+    """`ckpt` (full activation checkpointing) or `nockpt`; `+compile` compiles every decoder layer as the trainer
+    does; `+varlen` swaps flex_attention for flash varlen attention over the flat layout."""
+    from agentrl.train.logprobs import compile_decoder_layers
+    from agentrl.train.varlen_attention import register
+
+    parts = variant.split("+")
+    model.set_attn_implementation(register() if "varlen" in parts else "flex_attention")
+    if parts[0] == "ckpt":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_disable()
-    if "compile" in variant:
-        for layer in model.model.layers:
-            layer.compile(dynamic=False)
+    # Every variant starts from eager layers and empty compile caches: recompile limits count per code object,
+    # which all variants (and all layers) share.
+    for layer in model.model.layers:
+        layer._compiled_call_impl = None
+    torch._dynamo.reset()
+    if "compile" in parts:
+        compile_decoder_layers(model)
+
+
+def varlen_check(model, batch) -> str:
+    """Largest |logprob| difference, varlen flat layout vs flex_attention padded rows, one row per forward."""
+    from agentrl.train.logprobs import packed_token_logprobs
+    from agentrl.train.varlen_attention import register
+
+    out = {}
+    try:
+        with torch.no_grad():
+            for impl in ("flex_attention", register()):
+                model.set_attn_implementation(impl)
+                out[impl] = torch.cat([
+                    packed_token_logprobs(model, batch.select_rows(r, r + 1), pad_multiple=PAD_MULTIPLE)[0]
+                    for r in range(batch.shape[0])])
+    except Exception as exc:  # the table below still runs (and on CPU dry runs flash cannot)
+        return f"varlen vs flex check failed: {type(exc).__name__}: {exc}"[:300]
+    flex, varlen = out.values()
+    diff = (varlen - flex).abs()
+    return (f"varlen vs flex logprobs over {diff.numel()} trained tokens: max |diff| {float(diff.max()):.3g}, "
+            f"mean {float(diff.mean()):.3g} (logprobs: mean {float(flex.mean()):.3f}, std {float(flex.std()):.3f})")
 
 
 def main():
@@ -141,10 +189,12 @@ def main():
     ap.add_argument("--row-tokens", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--variants", default="ckpt",
-                    help="comma list of ckpt|nockpt[+compile][@rows per micro-batch], e.g. ckpt,nockpt@1,nockpt+compile@1")
+                    help="comma list of ckpt|nockpt[+compile][+varlen][@rows per micro-batch], e.g. "
+                         "ckpt,nockpt@1,nockpt+compile@1,nockpt+compile+varlen@1")
     ap.add_argument("--profile", action="store_true", help="print the kernel table of each variant")
     ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args()
+    variants = [(v, *parse_variant(v)) for v in args.variants.split(",")]
 
     from benchmarks.engine import qwen3_shaped
 
@@ -161,18 +211,25 @@ def main():
     if not args.skip_hf:  # the baseline first, on the model before any layer is compiled
         set_variant(model, "ckpt")
         rows.append(measure("HF full fp32 logits, ckpt", step_full_logits, model, batch, cfg, args.steps, args.profile))
-    for variant in args.variants.split(","):
-        kind, _, micro = variant.partition("@")
+    check = None
+    if any("varlen" in kind for _, kind, _ in variants):
+        check = varlen_check(model, batch)
+        print(check, flush=True)  # now as well as in the summary, in case a later variant takes the process down
+    for variant, kind, micro in variants:
         set_variant(model, kind)
-        fn = functools.partial(step_agentrl, rows_per_micro_batch=int(micro) if micro else None)
+        fn = functools.partial(step_agentrl, rows_per_micro_batch=micro)
         rows.append(measure(f"agentrl {variant}", fn, model, batch, cfg, args.steps, args.profile))
     print(f"{len(samples)} samples, {batch.num_tokens} tokens in {batch.shape[0]} rows of {batch.shape[1]}")
-    print(f"{'path':<28} {'s/step':>8} {'tok/s':>9} {'MFU':>7} {'peak GiB':>9}")
+    if check:
+        print(check)
+    width = max([36] + [len(r["name"]) + 1 for r in rows])
+    print(f"{'path':<{width}} {'s/step':>8} {'tok/s':>9} {'MFU':>7} {'peak GiB':>9}")
     for r in rows:
         if "error" in r:
-            print(f"{r['name']:<28} {r['error']}")
+            print(f"{r['name']:<{width}} {r['error']}")
         else:
-            print(f"{r['name']:<28} {r['seconds']:>8.3f} {r['tok_s']:>9,.0f} {r['mfu']:>6.1%} {r['peak_gib']:>9.1f}")
+            print(f"{r['name']:<{width}} {r['seconds']:>8.3f} {r['tok_s']:>9,.0f} {r['mfu']:>6.1%} "
+                  f"{r['peak_gib']:>9.1f}")
 
 
 if __name__ == "__main__":

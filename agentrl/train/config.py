@@ -31,8 +31,13 @@ class ConfigError(ValueError):
 class ModelConfig:
     name: str = "smollm2-135m-instruct"  # hub id, local directory, or a name `agentrl.models.load_model` knows
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on GPU, float32 on CPU
-    attn_implementation: str | None = None  # None: flex_attention on GPU, sdpa on CPU
+    # None: on GPU agentrl_varlen (flash varlen attention over a flat row of real tokens, agentrl.train.
+    # varlen_attention) for bf16/fp16 models where flash is available, else flex_attention; sdpa on CPU.
+    attn_implementation: str | None = None
     gradient_checkpointing: bool = False
+    # torch.compile each decoder layer (None: on GPU). Measured on an H200, Qwen3-0.6B shape, one 8192-token row
+    # per micro-batch: 0.44 s/step compiled against 0.84 s eager.
+    compile_layers: bool | None = None
     # Hybrid (linear-attention) models: pass sample boundaries to varlen kernels (flash-linear-attention) instead
     # of running each sample on its own; the loop verifies the kernels honour them before the first step.
     hybrid_varlen: bool = False

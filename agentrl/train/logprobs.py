@@ -7,6 +7,12 @@ between samples is skipped rather than masked). `use_cache=False` is not optiona
 packed sequences when there is no cache, and a model whose config says `use_cache=True` would otherwise build
 one and silently attend across samples.
 
+Flat layout. Under a varlen attention implementation (`varlen_attention.takes_flat_layout`, flash attention on
+GPU) the micro-batch's real tokens are laid end to end as one row `[1, N]` instead: rows' padding is not computed,
+sample boundaries go to the kernel as `cu_seq_lens`, and the trained positions are gathered from that row in the
+same row-major order as from `[R, T]`. N is rounded up to `pad_multiple` by a tail that is a segment of its own,
+so compiled layers see few distinct lengths and no real token attends to the tail.
+
 Hybrid models (linear-attention layers) carry a recurrent state and a short convolution along the sequence, and
 the torch fallbacks of those layers know nothing of sample seams. Unless the caller vouches for varlen kernels
 (`hybrid_varlen=True`, e.g. flash-linear-attention, checked once with `packing_error`), each row's samples are run
@@ -21,10 +27,13 @@ and gradient accumulation in fp32; the backward recomputes each chunk's logits i
 from __future__ import annotations
 
 import importlib.util
+import itertools
+from dataclasses import dataclass
 
 import torch
 
 from agentrl.train.pack import PackedBatch
+from agentrl.train.varlen_attention import takes_flat_layout
 
 
 def is_hybrid(model) -> bool:
@@ -50,23 +59,95 @@ def _check_attention(model):
                          f"give the engine its own view of the model")
 
 
-def packed_hidden_states(model, batch: PackedBatch, *, hybrid_varlen: bool = False) -> torch.Tensor:
+def packed_hidden_states(model, batch: PackedBatch, *, hybrid_varlen: bool = False,
+                         pad_multiple: int = 1) -> torch.Tensor:
     """Final hidden states `[R, T, H]` of `batch` (after the decoder's final norm, before the lm_head).
 
-    Positions on padding hold whatever the model computes there (or zeros on the hybrid reference path); they
-    are masked out of every loss term.
+    Positions on padding hold whatever the model computes there (zeros on the flat and hybrid reference paths);
+    they are masked out of every loss term. `pad_multiple` rounds the flat layout's length (flat layout only).
     """
-    _check_attention(model)
     decoder = _decoder(model)
+    if _route(model, hybrid_varlen) == "flat":
+        hidden, layout = _flat_hidden_states(decoder, batch, pad_multiple)
+        n_rows, width = batch.input_ids.shape
+        return hidden.new_zeros(n_rows * width, hidden.shape[-1]).index_copy(0, layout.index, hidden).view(
+            n_rows, width, -1)
+    return _row_hidden_states(model, decoder, batch, hybrid_varlen)
+
+
+def _route(model, hybrid_varlen: bool) -> str:
+    _check_attention(model)
+    hybrid = is_hybrid(model)
+    if hybrid and hybrid_varlen and not varlen_kernels_installed():
+        raise RuntimeError("hybrid_varlen=True needs flash-linear-attention (package `fla`), whose kernels take "
+                           "sample boundaries; without it use the per-sample reference path (hybrid_varlen=False)")
+    if takes_flat_layout(model):
+        if hybrid and not hybrid_varlen:
+            # The per-sample path would hand the boundaries the flat attention needs to the linear-attention
+            # layers too, whose torch fallbacks refuse them.
+            raise ValueError(f"a hybrid model under attention implementation {model.config._attn_implementation!r} "
+                             "needs hybrid_varlen=True (flash-linear-attention); otherwise use flex_attention or sdpa")
+        return "flat"
+    return "rows"
+
+
+def _row_hidden_states(model, decoder, batch: PackedBatch, hybrid_varlen: bool) -> torch.Tensor:
     if not is_hybrid(model):
         out = decoder(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
         return out.last_hidden_state
     if hybrid_varlen:
-        if not varlen_kernels_installed():
-            raise RuntimeError("hybrid_varlen=True needs flash-linear-attention (package `fla`), whose kernels take "
-                               "sample boundaries; without it use the per-sample reference path (hybrid_varlen=False)")
         return _varlen_hidden_states(decoder, batch)
     return _per_sample_hidden_states(decoder, batch)
+
+
+@dataclass
+class FlatLayout:
+    """Where a packed batch's real tokens go when laid end to end as one row `[1, length]`."""
+
+    index: torch.Tensor  # [N] long: each real token's position in the flattened [R * T] batch, ascending
+    cu_seqlens: torch.Tensor  # int32: every sample's boundaries in the flat row, then the padding tail if any
+    max_len: int  # longest segment, the tail included
+    length: int  # N rounded up to the pad multiple
+
+
+def flat_layout(batch: PackedBatch, pad_multiple: int = 1) -> FlatLayout:
+    """Built on the host from `batch.segments`. Index and boundaries cross to the device in one copy, from pinned
+    memory on CUDA: a pageable copy would wait for the previous micro-batch's backward to finish."""
+    if pad_multiple < 1:
+        raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+    width = batch.input_ids.shape[1]
+    spans = [(r * width + start, n) for r, segs in enumerate(batch.segments) for _, start, n in segs]
+    lengths = [n for _, n in spans]
+    real = sum(lengths)
+    length = -(-real // pad_multiple) * pad_multiple
+    bounds = [0, *itertools.accumulate(lengths)]
+    if length > real:
+        bounds.append(length)
+    device = batch.input_ids.device
+    host = torch.cat([torch.arange(s, s + n) for s, n in spans] + [torch.tensor(bounds)])
+    if device.type == "cuda":
+        host = host.pin_memory()
+    index, cu = host.to(device, non_blocking=True).split([real, len(bounds)])
+    return FlatLayout(index=index, cu_seqlens=cu.int(), max_len=max(max(lengths), length - real), length=length)
+
+
+def _boundaries(cu_seqlens: torch.Tensor, max_len: int) -> dict:
+    """The kwargs transformers forwards to every attention function (and flash-linear-attention layers)."""
+    return dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_len, max_length_k=max_len)
+
+
+def _flat_hidden_states(decoder, batch: PackedBatch, pad_multiple: int) -> tuple[torch.Tensor, FlatLayout]:
+    """Hidden states `[N, H]` of the real tokens, in `layout.index` order, from one flat forward."""
+    layout = flat_layout(batch, pad_multiple)
+    ids = batch.input_ids.reshape(-1)[layout.index]
+    pos = batch.position_ids.reshape(-1)[layout.index]
+    pad = layout.length - ids.shape[0]
+    if pad:  # the tail's own positions 0..pad-1; its token ids are never read back
+        ids = torch.cat([ids, ids.new_zeros(pad)])
+        pos = torch.cat([pos, torch.arange(pad, device=pos.device)])
+    out = decoder(input_ids=ids[None], position_ids=pos[None], use_cache=False,
+                  **_boundaries(layout.cu_seqlens, layout.max_len))
+    return out.last_hidden_state[0, :layout.index.shape[0]], layout
 
 
 def _varlen_hidden_states(decoder, batch: PackedBatch) -> torch.Tensor:
@@ -74,16 +155,28 @@ def _varlen_hidden_states(decoder, batch: PackedBatch) -> torch.Tensor:
     n_rows, width = batch.input_ids.shape
     cu = batch.flat_cu_seqlens().to(batch.input_ids.device)
     max_len = int((cu[1:] - cu[:-1]).max())
-    out = decoder(
-        input_ids=batch.input_ids.reshape(1, -1), position_ids=batch.position_ids.reshape(1, -1), use_cache=False,
-        cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len, max_length_k=max_len,
-    )
+    out = decoder(input_ids=batch.input_ids.reshape(1, -1), position_ids=batch.position_ids.reshape(1, -1),
+                  use_cache=False, **_boundaries(cu, max_len))
     return out.last_hidden_state.reshape(n_rows, width, -1)
 
 
 def _per_sample_hidden_states(decoder, batch: PackedBatch) -> torch.Tensor:
     device = batch.input_ids.device
     width = batch.input_ids.shape[1]
+    if takes_flat_layout(decoder):  # dense models only (see _route): each sample alone, as one flat segment
+        hidden = []
+        for r, segs in enumerate(batch.segments):
+            pieces = []
+            for _, start, n in segs:
+                cu = torch.tensor([0, n], dtype=torch.int32, device=device)
+                out = decoder(input_ids=batch.input_ids[r:r + 1, start:start + n], use_cache=False,
+                              position_ids=torch.arange(n, device=device)[None], **_boundaries(cu, n))
+                pieces.append(out.last_hidden_state[0])
+            used = sum(n for _, _, n in segs)
+            if used < width:
+                pieces.append(pieces[0].new_zeros(width - used, pieces[0].shape[-1]))
+            hidden.append(torch.cat(pieces))
+        return torch.stack(hidden)
     rows = []
     for r, segs in enumerate(batch.segments):
         longest = max(n for _, _, n in segs)
@@ -285,9 +378,29 @@ def lm_head_weight(model) -> torch.Tensor:
 
 
 def packed_token_logprobs(model, batch: PackedBatch, *, temperature: float = 1.0, chunk_size: int = 1024,
-                          hybrid_varlen: bool = False, compile: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob and entropy `[M]` of every trained target of `batch`, in `batch.trainable_tokens()` order."""
-    hidden = packed_hidden_states(model, batch, hybrid_varlen=hybrid_varlen)
-    mask = batch.loss_mask.to(hidden.device)
-    return chunked_logprobs(hidden[mask], lm_head_weight(model), batch.target_ids.to(hidden.device)[mask],
-                            temperature=temperature, chunk_size=chunk_size, compile=compile)
+                          hybrid_varlen: bool = False, compile: bool | None = None,
+                          pad_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob and entropy `[M]` of every trained target of `batch`, in `batch.trainable_tokens()` order.
+
+    `pad_multiple` rounds the length of the flat layout (used under a varlen attention implementation only)."""
+    if _route(model, hybrid_varlen) == "flat":
+        hidden, layout = _flat_hidden_states(_decoder(model), batch, pad_multiple)
+        # layout.index is ascending and every trained position is a real token, so these rows come in the
+        # row-major order of `hidden[loss_mask]` on the [R, T] layout: one sync (nonzero), two gathers.
+        rows = batch.loss_mask.to(hidden.device).reshape(-1)[layout.index].nonzero().squeeze(1)
+        hidden, targets = hidden[rows], batch.target_ids.to(hidden.device).reshape(-1)[layout.index[rows]]
+    else:
+        hidden = packed_hidden_states(model, batch, hybrid_varlen=hybrid_varlen)
+        mask = batch.loss_mask.to(hidden.device)
+        hidden, targets = hidden[mask], batch.target_ids.to(hidden.device)[mask]
+    return chunked_logprobs(hidden, lm_head_weight(model), targets, temperature=temperature, chunk_size=chunk_size,
+                            compile=compile)
+
+
+def compile_decoder_layers(model, **options) -> None:
+    """`torch.compile` each decoder layer on its own (`options` go to it). The layers run the same code and dynamo
+    guards on their structure rather than their identity, so they share compiled graphs. The default
+    `dynamic=None` compiles the first length statically, then after a recompile or two treats the lengths that
+    changed (the flat layout's, different every micro-batch) as dynamic: no further compiles."""
+    for layer in _decoder(model).layers:
+        layer.compile(**options)

@@ -55,7 +55,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     from agentrl.models import load_model
     from agentrl.rollout import PromptIterator, RolloutConfig, RolloutDriver, summarize
     from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-    from agentrl.train.logprobs import is_hybrid, packed_token_logprobs, packing_error
+    from agentrl.train.logprobs import compile_decoder_layers, is_hybrid, packed_token_logprobs, packing_error
     from agentrl.train.loss import loss_denominator, policy_loss
     from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
     from agentrl.train.pack import pack_samples
@@ -65,8 +65,9 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     env = load_environment(cfg.rollout.environment)
     dataset = env.load_dataset(split="train", path=cfg.rollout.data, limit=cfg.rollout.data_limit)
     model, tokenizer = load_model(cfg.model.name, dtype=_dtype(cfg.model.dtype, device), device=device)
-    if cfg.model.attn_implementation or device == "cuda":
-        model.set_attn_implementation(cfg.model.attn_implementation or "flex_attention")
+    attn_implementation = _attention_implementation(cfg, model, device)
+    if attn_implementation:
+        model.set_attn_implementation(attn_implementation)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
@@ -79,6 +80,10 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     fmt = ChatFormat(tokenizer, env.tools())
     engine = Engine(model, EngineConfig(**asdict(cfg.engine), max_model_len=cfg.rollout.max_sample_tokens,
                                         eos_token_ids=tuple(fmt.eos_token_ids), seed=cfg.seed), tokenizer=tokenizer)
+    if cfg.model.compile_layers if cfg.model.compile_layers is not None else device == "cuda":
+        # Only after the engine has made its view: the view deep-copies the layers, and a copy of a compiled
+        # layer keeps calling the original layer's compiled forward (the training attention, not the paged one).
+        compile_decoder_layers(model)
     prompts = PromptIterator(dataset, seed=cfg.seed)
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.steps)
@@ -104,6 +109,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
         seed=cfg.seed, advantage=cfg.loss.advantage, drop_truncated=r.drop_truncated,
         max_ready_samples=r.max_ready_batches * r.groups_per_step * r.group_size))
     samples_per_step = r.groups_per_step * r.group_size
+    pad_multiple = cfg.row_pad_multiple if device == "cuda" else 1  # rows, or the flat layout's length
     engine.start()
     driver.start()
     last: dict = {}
@@ -117,7 +123,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
             trajectories = [t for g in groups for t in g.trajectories]
             samples = [to_train_sample(t) for t in trajectories if any(t.trainable)]
             batch = pack_samples(samples, cfg.row_tokens, pad_token_id=tokenizer.pad_token_id or 0,
-                                 pad_to_multiple=cfg.row_pad_multiple if device == "cuda" else 1).to(device)
+                                 pad_to_multiple=pad_multiple).to(device)
             version = engine.policy_version
             tokens = batch.trainable_tokens()
             denominator = loss_denominator(tokens, cfg.loss, version)
@@ -129,7 +135,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
             for first in range(0, n_rows, cfg.rows_per_micro_batch):
                 micro = batch.select_rows(first, min(first + cfg.rows_per_micro_batch, n_rows))
                 logprobs, entropy = packed_token_logprobs(model, micro, chunk_size=cfg.logprob_chunk_size,
-                                                          hybrid_varlen=cfg.model.hybrid_varlen)
+                                                          hybrid_varlen=cfg.model.hybrid_varlen,
+                                                          pad_multiple=pad_multiple)
                 loss, metrics = policy_loss(logprobs, micro.trainable_tokens(), cfg.loss, current_version=version,
                                             entropy=entropy, denominator=denominator)
                 loss.backward()
@@ -174,6 +181,27 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
         log.close()
         bar.close()
     return last
+
+
+def _attention_implementation(cfg: TrainConfig, model, device: str) -> str | None:
+    """The training forward's attention (None: leave transformers' default, sdpa). On GPU the varlen kernel wherever
+    the flat layout applies (dense models, or hybrid ones with varlen kernels) and flash can run (bf16/fp16)."""
+    from agentrl.train.logprobs import is_hybrid
+    from agentrl.train.varlen_attention import ATTN_IMPLEMENTATION, register, varlen_attention_available
+
+    name = cfg.model.attn_implementation
+    if name is None:
+        if device != "cuda":
+            return None
+        flat = not is_hybrid(model) or cfg.model.hybrid_varlen
+        half = model.dtype in (torch.float16, torch.bfloat16)
+        name = ATTN_IMPLEMENTATION if flat and half and varlen_attention_available() else "flex_attention"
+    if name == ATTN_IMPLEMENTATION:
+        if not varlen_attention_available():
+            raise RuntimeError(f"model.attn_implementation={ATTN_IMPLEMENTATION} needs CUDA with flash attention "
+                               "(sm80 or newer); use flex_attention or sdpa here")
+        register()  # transformers accepts only registered names
+    return name
 
 
 def _take(driver, n: int):
