@@ -59,8 +59,18 @@ def main():
                     SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True))
     torch.cuda.synchronize()
     print(f"warm-up pass: {time.perf_counter() - t:.1f} s")
+    from torch.profiler import ProfilerActivity, profile
+
     for p in prompts:
         engine.submit(p, sampling)
+    # The first two steps of the pass, each 8192 prompt tokens (plus the decodes of those already admitted).
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            engine.step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    print(f"prefill steps: GPU kernel time {sum(e.self_device_time_total for e in events) / 2e3:.2f} ms a step")
+    print(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=60))
     t = time.perf_counter()
     admit_steps = 0
     step_ms = []
@@ -94,9 +104,6 @@ def main():
           f"graph steps {after.graph_steps - before.graph_steps}, captures {after.graph_captures}")
     for name, seconds in totals.most_common():
         print(f"  host {name:<10} {seconds / args.steps * 1e3:8.2f} ms a step")
-
-    # The sampler's time includes the sync (.tolist()), i.e. waiting for the GPU; the device view below splits it.
-    from torch.profiler import ProfilerActivity, profile
 
     steps = 5
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
