@@ -31,8 +31,8 @@ class ConfigError(ValueError):
 class ModelConfig:
     name: str = "smollm2-135m-instruct"  # hub id, local directory, or a name `agentrl.models.load_model` knows
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on GPU, float32 on CPU
-    # None: on GPU agentrl_varlen (flash varlen attention over a flat row of real tokens, agentrl.train.
-    # varlen_attention) for bf16/fp16 models where flash is available, else flex_attention; sdpa on CPU.
+    # None: sdpa on CPU; on GPU agentrl_varlen (flash varlen attention over one flat row of the real tokens, see
+    # agentrl.train.varlen_attention) for bf16/fp16 models, dense or hybrid with hybrid_varlen, else flex_attention.
     attn_implementation: str | None = None
     gradient_checkpointing: bool = False
     # torch.compile each decoder layer (None: on GPU). Measured on an H200, Qwen3-0.6B shape, one 8192-token row

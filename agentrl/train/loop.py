@@ -81,9 +81,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     engine = Engine(model, EngineConfig(**asdict(cfg.engine), max_model_len=cfg.rollout.max_sample_tokens,
                                         eos_token_ids=tuple(fmt.eos_token_ids), seed=cfg.seed), tokenizer=tokenizer)
     if cfg.model.compile_layers if cfg.model.compile_layers is not None else device == "cuda":
-        # Only after the engine has made its view: the view deep-copies the layers, and a copy of a compiled
-        # layer keeps calling the original layer's compiled forward (the training attention, not the paged one).
-        compile_decoder_layers(model)
+        compile_decoder_layers(model)  # the engine's view is a copy made above, with compiled layers of its own
     prompts = PromptIterator(dataset, seed=cfg.seed)
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.steps)

@@ -1,0 +1,107 @@
+"""Varlen attention for the training forward: the micro-batch's samples end to end in one row, boundaries given.
+
+flex_attention on packed `[R, T]` rows ran at ~95 TFLOP/s on an H200 for samples of 200-2000 tokens, and the rows'
+padding was a quarter of all the work. Flash attention's varlen kernel takes the real tokens as one flat row
+`[1, N]` plus cumulative sample boundaries (`cu_seqlens`) and attends causally within each sample only, so neither
+the padding nor the attention between samples is computed. `logprobs.packed_hidden_states` builds that flat row
+whenever the model's attention implementation is one registered here (`takes_flat_layout`).
+
+Transformers passes `cu_seq_lens_q/k` and `max_length_q/k` given to the decoder's forward through every layer to
+the attention function unchanged; implementations it does not know get no mask built (the boundaries are the
+mask). The attention function is kept out of `torch.compile` (`torch.compiler.disable`): compiled decoder layers
+then break their graph around it instead of specialising on the Python-int max lengths, which change with every
+micro-batch.
+
+The kernel is a parameter so the same plumbing runs on CPU with `reference_kernel` (per-sample SDPA), which is
+how the tests check the flat layout without a GPU. Nothing CUDA-specific runs at import or registration.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+ATTN_IMPLEMENTATION = "agentrl_varlen"
+
+# Implementations that read sample boundaries from the kwargs and so need the flat layout.
+_FLAT: set[str] = set()
+
+# (q [T, Hq, D], k [T, Hkv, D], v, cu_q, cu_k, max_q, max_k, scale, causal, dropout) -> [T, Hq, D]
+Kernel = Callable[..., torch.Tensor]
+
+
+def flash_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
+    """Flash attention's varlen forward (CUDA, fp16/bf16). The aten op is differentiable (FlashAttentionBackward)
+    and takes fewer kv heads than query heads as they are (GQA). It needs a unit stride on the head dim only;
+    `.contiguous()` is a no-op for the layouts transformers hands in and keeps any other layout safe."""
+    out = torch.ops.aten._flash_attention_forward(
+        q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, dropout, causal, False, scale=scale)
+    return out[0]
+
+
+def reference_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
+    """Each segment through SDPA on its own: exact, slow, any device and dtype (the CPU stand-in for flash)."""
+    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    gqa = q.shape[1] != k.shape[1]
+    pieces = []
+    for q0, q1, k0, k1 in zip(bounds_q[:-1], bounds_q[1:], bounds_k[:-1], bounds_k[1:]):
+        if q1 == q0:
+            continue
+        qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
+        o = F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout, is_causal=causal, scale=scale,
+                                           enable_gqa=gqa)
+        pieces.append(o[0].transpose(0, 1))
+    return torch.cat(pieces)
+
+
+def make_attention(kernel: Kernel, name: str):
+    """A transformers attention function `(module, query, key, value, attention_mask, ...)` around `kernel`."""
+
+    @torch.compiler.disable
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        missing = [k for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k") if kwargs.get(k) is None]
+        if missing:
+            raise RuntimeError(
+                f"attention implementation {name!r} needs the sample boundaries ({', '.join(missing)} missing): "
+                "it attends within the segments of one flat row and never builds a mask. Run the model through "
+                "agentrl.train.logprobs (which passes them), or give this call another attn_implementation")
+        if query.shape[0] != 1:
+            raise ValueError(f"attention implementation {name!r} takes one flat row, got a batch of {query.shape[0]}")
+        if kwargs.get("sliding_window") is not None:
+            raise NotImplementedError(f"attention implementation {name!r} has no sliding window")
+        if scaling is None:
+            scaling = query.shape[-1] ** -0.5
+        cu_q, cu_k = (kwargs[k].to(device=query.device, dtype=torch.int32) for k in ("cu_seq_lens_q", "cu_seq_lens_k"))
+        # [1, H, T, D] -> [T, H, D]: the flat layout has one row
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+        out = kernel(q, k, v, cu_q, cu_k, int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), float(scaling),
+                     bool(getattr(module, "is_causal", True)), float(dropout))
+        return out[None], None  # [1, T, Hq, D], as transformers' attention functions return
+
+    return attention
+
+
+def register(name: str = ATTN_IMPLEMENTATION, kernel: Kernel = flash_kernel) -> str:
+    """Register `kernel` with transformers as attention implementation `name` (flat layout); returns the name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(name, make_attention(kernel, name))
+    _FLAT.add(name)
+    return name
+
+
+def takes_flat_layout(model) -> bool:
+    """Whether `model` (or its decoder) runs an implementation registered here, which needs the flat layout."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) in _FLAT
+
+
+def varlen_attention_available() -> bool:
+    """CUDA with flash attention (sm80 or newer) and the aten varlen op."""
+    if not torch.cuda.is_available() or not hasattr(torch.ops.aten, "_flash_attention_forward"):
+        return False
+    built = getattr(torch.backends.cuda, "is_flash_attention_available", None)
+    if built is not None and not built():
+        return False
+    return torch.cuda.get_device_capability()[0] >= 8
