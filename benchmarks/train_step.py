@@ -61,22 +61,29 @@ def flops_per_step(model, batch) -> float:
 PAD_MULTIPLE = 128  # the trainer's row_pad_multiple, which also rounds the flat layout's length
 
 
-def step_agentrl(model, batch, cfg, rows_per_micro_batch=None):
-    """The trainer's step: micro-batches of `rows_per_micro_batch` rows (all rows at once if None), gradients
-    accumulated, the loss normalised over the whole batch as train/loop.py does."""
+def step_agentrl(model, batch, cfg, rows_per_micro_batch=None, host_batch=None):
+    """The trainer's step as train/loop.py runs it: micro-batches of `rows_per_micro_batch` rows (all rows at
+    once if None) built from the host batch and copied without blocking, gradients accumulated, the loss
+    normalised over the whole batch, metrics brought to the host once after the last backward."""
     from agentrl.train.logprobs import packed_token_logprobs
     from agentrl.train.loss import loss_denominator, policy_loss
 
-    n_rows = batch.shape[0]
+    host_batch = host_batch if host_batch is not None else batch
+    n_rows = host_batch.shape[0]
     per = rows_per_micro_batch or n_rows
-    denominator = loss_denominator(batch.trainable_tokens(), cfg, 0)
+    denominator = float(loss_denominator(host_batch.trainable_tokens(), cfg, 0))
+    loss_sum, pending = 0.0, []
     for first in range(0, n_rows, per):
-        micro = batch.select_rows(first, min(first + per, n_rows))
+        host_micro = host_batch.select_rows(first, min(first + per, n_rows))
+        micro, tokens = host_micro.to("cuda"), host_micro.trainable_tokens().to("cuda")
         logprobs, entropy = packed_token_logprobs(model, micro, chunk_size=1024, pad_multiple=PAD_MULTIPLE)
-        loss, _ = policy_loss(logprobs, micro.trainable_tokens(), cfg, current_version=0, entropy=entropy,
-                              denominator=denominator)
+        loss, metrics = policy_loss(logprobs, tokens, cfg, current_version=0, entropy=entropy,
+                                    denominator=denominator, defer_metrics=True)
         loss.backward()
-    return loss
+        loss_sum = loss_sum + loss.detach()
+        pending.append(metrics)
+    [m.resolve() for m in pending]
+    return float(loss_sum)
 
 
 def step_full_logits(model, batch, cfg):
@@ -205,7 +212,8 @@ def main():
     model.set_attn_implementation("flex_attention")
     model.train()
     samples = make_samples(args.tokens, model.config.vocab_size)
-    batch = pack_samples(samples, args.row_tokens, pad_to_multiple=128).to("cuda")
+    host_batch = pack_samples(samples, args.row_tokens, pad_to_multiple=128)
+    batch = host_batch.to("cuda")
     cfg = LossConfig()
     rows = []
     if not args.skip_hf:  # the baseline first, on the model before any layer is compiled
@@ -217,7 +225,7 @@ def main():
         print(check, flush=True)  # now as well as in the summary, in case a later variant takes the process down
     for variant, kind, micro in variants:
         set_variant(model, kind)
-        fn = functools.partial(step_agentrl, rows_per_micro_batch=micro)
+        fn = functools.partial(step_agentrl, rows_per_micro_batch=micro, host_batch=host_batch)
         rows.append(measure(f"agentrl {variant}", fn, model, batch, cfg, args.steps, args.profile))
     print(f"{len(samples)} samples, {batch.num_tokens} tokens in {batch.shape[0]} rows of {batch.shape[1]}")
     if check:

@@ -147,3 +147,13 @@ def test_group_advantages():
     assert group_advantages([3.0, 3.0, 3.0]) == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError):
         group_advantages([1.0], mode="std")
+
+
+def test_deferred_metrics_resolve_to_the_same_values():
+    lp, tok = _tokens(RATIOS, ADV, INDEX)
+    cfg = LossConfig(type="dapo", tis_cap=2.0)
+    loss_now, now = policy_loss(lp, tok, cfg, current_version=1, entropy=torch.tensor([1.0, 2.0, 3.0]))
+    loss_later, pending = policy_loss(lp, tok, cfg, current_version=1, entropy=torch.tensor([1.0, 2.0, 3.0]),
+                                      defer_metrics=True)
+    assert not isinstance(pending, dict) and pending.resolve() == now
+    assert torch.equal(loss_now, loss_later)

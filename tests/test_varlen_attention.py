@@ -300,3 +300,21 @@ def test_cuda_compiled_varlen_layers_match_eager(fresh_dynamo):
         lp, grad = _logprobs_and_grads(compiled, batches, weights, pad_multiple=16)
         assert _rel(lp, ref_lp) <= 2 * _rel(eager_lp, ref_lp) + 1e-3
         assert _rel(grad, ref_grad) <= 2 * _rel(eager_grad, ref_grad) + 1e-3
+
+
+def test_trained_rows_found_on_the_host_equal_the_device_search():
+    """A batch moved with `to()` keeps its host loss mask; the flat layout then lists the trained rows itself
+    (no device nonzero, which would wait for the forward), and they are the rows the device search finds."""
+    model = _model(REFERENCE)
+    batch = _batch(model.config.vocab_size)
+    moved = batch.to("cpu")
+    assert batch.host_loss_mask is None and moved.host_loss_mask is batch.loss_mask
+    layout = flat_layout(moved, pad_multiple=16)
+    assert torch.equal(layout.trained, batch.loss_mask.reshape(-1)[layout.index].nonzero().squeeze(1))
+    assert flat_layout(batch).trained is None
+    with torch.no_grad():
+        a = packed_token_logprobs(model, moved, chunk_size=16, pad_multiple=16)
+        b = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    micro = moved.select_rows(1, 2)
+    assert torch.equal(micro.host_loss_mask, batch.loss_mask[1:2])

@@ -108,6 +108,7 @@ class FlatLayout:
     cu_seqlens: torch.Tensor  # int32: every sample's boundaries in the flat row, then the padding tail if any
     max_len: int  # longest segment, the tail included
     length: int  # N rounded up to the pad multiple
+    trained: torch.Tensor | None = None  # [M] positions in the flat row of the trained targets (host-built)
 
 
 def flat_layout(batch: PackedBatch, pad_multiple: int = 1) -> FlatLayout:
@@ -124,11 +125,16 @@ def flat_layout(batch: PackedBatch, pad_multiple: int = 1) -> FlatLayout:
     if length > real:
         bounds.append(length)
     device = batch.input_ids.device
-    host = torch.cat([torch.arange(s, s + n) for s, n in spans] + [torch.tensor(bounds)])
+    index = torch.cat([torch.arange(s, s + n) for s, n in spans])
+    parts = [index, torch.tensor(bounds)]
+    if batch.host_loss_mask is not None:  # the trained rows, found on the host rather than by a device nonzero
+        parts.append(batch.host_loss_mask.reshape(-1)[index].nonzero().squeeze(1))
+    host = torch.cat(parts)
     if device.type == "cuda":
         host = host.pin_memory()
-    index, cu = host.to(device, non_blocking=True).split([real, len(bounds)])
-    return FlatLayout(index=index, cu_seqlens=cu.int(), max_len=max(max(lengths), length - real), length=length)
+    moved = host.to(device, non_blocking=True).split([p.numel() for p in parts])
+    return FlatLayout(index=moved[0], cu_seqlens=moved[1].int(), max_len=max(max(lengths), length - real),
+                      length=length, trained=moved[2] if len(moved) > 2 else None)
 
 
 def _boundaries(cu_seqlens: torch.Tensor, max_len: int) -> dict:
@@ -386,8 +392,11 @@ def packed_token_logprobs(model, batch: PackedBatch, *, temperature: float = 1.0
     if _route(model, hybrid_varlen) == "flat":
         hidden, layout = _flat_hidden_states(_decoder(model), batch, pad_multiple)
         # layout.index is ascending and every trained position is a real token, so these rows come in the
-        # row-major order of `hidden[loss_mask]` on the [R, T] layout: one sync (nonzero), two gathers.
-        rows = batch.loss_mask.to(hidden.device).reshape(-1)[layout.index].nonzero().squeeze(1)
+        # row-major order of `hidden[loss_mask]` on the [R, T] layout. Found on the host when the batch kept its
+        # host mask (no sync); else one device nonzero, which waits for the forward.
+        rows = layout.trained
+        if rows is None:
+            rows = batch.loss_mask.to(hidden.device).reshape(-1)[layout.index].nonzero().squeeze(1)
         hidden, targets = hidden[rows], batch.target_ids.to(hidden.device).reshape(-1)[layout.index[rows]]
     else:
         hidden = packed_hidden_states(model, batch, hybrid_varlen=hybrid_varlen)

@@ -120,26 +120,31 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
             waited = time.perf_counter() - t0
             trajectories = [t for g in groups for t in g.trajectories]
             samples = [to_train_sample(t) for t in trajectories if any(t.trainable)]
+            # Everything a micro-batch needs is built on the host and copied without blocking; the only waits
+            # on the device come after the last backward (the loss and the metrics).
             batch = pack_samples(samples, cfg.row_tokens, pad_token_id=tokenizer.pad_token_id or 0,
-                                 pad_to_multiple=pad_multiple).to(device)
+                                 pad_to_multiple=pad_multiple)
             version = engine.policy_version
             tokens = batch.trainable_tokens()
-            denominator = loss_denominator(tokens, cfg.loss, version)
+            denominator = float(loss_denominator(tokens, cfg.loss, version))
             if cfg.release_kv_during_step:
                 engine.release_kv()
             t_train = time.perf_counter()
-            loss_total, metrics_rows = 0.0, []
+            loss_sum, pending = 0.0, []
             n_rows = batch.input_ids.shape[0]
             for first in range(0, n_rows, cfg.rows_per_micro_batch):
-                micro = batch.select_rows(first, min(first + cfg.rows_per_micro_batch, n_rows))
+                host_micro = batch.select_rows(first, min(first + cfg.rows_per_micro_batch, n_rows))
+                micro, micro_tokens = host_micro.to(device), host_micro.trainable_tokens().to(device)
                 logprobs, entropy = packed_token_logprobs(model, micro, chunk_size=cfg.logprob_chunk_size,
                                                           hybrid_varlen=cfg.model.hybrid_varlen,
                                                           pad_multiple=pad_multiple)
-                loss, metrics = policy_loss(logprobs, micro.trainable_tokens(), cfg.loss, current_version=version,
-                                            entropy=entropy, denominator=denominator)
+                loss, metrics = policy_loss(logprobs, micro_tokens, cfg.loss, current_version=version,
+                                            entropy=entropy, denominator=denominator, defer_metrics=True)
                 loss.backward()
-                loss_total += float(loss.detach())
-                metrics_rows.append(metrics)
+                loss_sum = loss_sum + loss.detach()
+                pending.append(metrics)
+            loss_total = float(loss_sum)
+            metrics_rows = [m.resolve() for m in pending]
             with engine.pause():  # no decode step sees half the parameters updated
                 result = stepper.step(torch.tensor(loss_total))
                 engine.bump_version()

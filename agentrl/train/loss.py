@@ -60,11 +60,13 @@ def loss_denominator(tokens: TrainableTokens, cfg: LossConfig, current_version: 
 
 
 def policy_loss(logprobs: torch.Tensor, tokens: TrainableTokens, cfg: LossConfig, *, current_version: int,
-                entropy: torch.Tensor | None = None, denominator: torch.Tensor | float | None = None):
+                entropy: torch.Tensor | None = None, denominator: torch.Tensor | float | None = None,
+                defer_metrics: bool = False):
     """Loss (a scalar with grad) and a metrics dict of python numbers for the `[M]` trained tokens of a batch.
 
     `logprobs` / `entropy` come from `packed_token_logprobs`, in `tokens`' order. `current_version` is the policy
-    version the parameters hold now (staleness is measured against it).
+    version the parameters hold now (staleness is measured against it). `defer_metrics` returns them as
+    `PendingMetrics` (resolve after the step's last backward) instead of syncing for them now.
     """
     if logprobs.shape != tokens.behaviour_logprobs.shape:
         raise ValueError(f"logprobs {tuple(logprobs.shape)} do not match {len(tokens)} trained tokens")
@@ -82,14 +84,38 @@ def policy_loss(logprobs: torch.Tensor, tokens: TrainableTokens, cfg: LossConfig
     weights, own_denominator = _token_weights(tokens, cfg, current_version)
     d = own_denominator if denominator is None else torch.as_tensor(denominator, dtype=torch.float32, device=device)
     loss = -(surrogate * weights).sum() / d.clamp(min=1)
-    return loss, _metrics(log_ratio.detach(), adv, tokens, cfg, current_version, entropy)
+    pending = _metrics(log_ratio.detach(), adv, tokens, cfg, current_version, entropy)
+    return loss, (pending if defer_metrics else pending.resolve())
+
+
+class PendingMetrics:
+    """A micro-batch's metrics still on the device: `resolve()` brings them to the host (one sync). A step of
+    several micro-batches resolves them all after its last backward, so the host never waits on the device in
+    between (each wait there left the device idle while the host queued the next forward)."""
+
+    def __init__(self, names, values, staleness, n: int, current_version: int):
+        self.names, self.values, self.staleness, self.n, self.current_version = names, values, staleness, n, current_version
+
+    def resolve(self) -> dict:
+        if self.n == 0:
+            return {"tokens": 0}
+        out = dict(zip(self.names, self.values.tolist()))  # one host sync for every scalar
+        if out["staleness_min"] < 0:
+            raise ValueError(f"tokens carry policy versions newer than the current one ({self.current_version}): "
+                             f"the engine and the trainer disagree on the version counter")
+        out["tokens"] = self.n
+        out["stale_tokens"] = int(out["stale_tokens"])
+        counts = torch.bincount(self.staleness).tolist()
+        out["staleness_hist"] = {s: c for s, c in enumerate(counts) if c}
+        del out["staleness_min"]
+        return out
 
 
 @torch.no_grad()
-def _metrics(log_ratio, adv, tokens: TrainableTokens, cfg: LossConfig, current_version: int, entropy) -> dict:
+def _metrics(log_ratio, adv, tokens: TrainableTokens, cfg: LossConfig, current_version: int, entropy) -> PendingMetrics:
     n = log_ratio.numel()
     if n == 0:
-        return {"tokens": 0}
+        return PendingMetrics([], None, None, 0, current_version)
     ratio = log_ratio.exp()
     staleness = current_version - tokens.versions
     stale = torch.zeros_like(staleness, dtype=torch.bool)
@@ -111,13 +137,4 @@ def _metrics(log_ratio, adv, tokens: TrainableTokens, cfg: LossConfig, current_v
     if entropy is not None:
         names.append("entropy_mean")
         values.append(entropy.detach().float().mean())
-    out = dict(zip(names, torch.stack(values).tolist()))  # one host sync for every scalar
-    if out["staleness_min"] < 0:
-        raise ValueError(f"tokens carry policy versions newer than the current one ({current_version}): the "
-                         f"engine and the trainer disagree on the version counter")
-    out["tokens"] = n
-    out["stale_tokens"] = int(out["stale_tokens"])
-    counts = torch.bincount(staleness).tolist()
-    out["staleness_hist"] = {s: c for s, c in enumerate(counts) if c}
-    del out["staleness_min"]
-    return out
+    return PendingMetrics(names, torch.stack(values), staleness, n, current_version)

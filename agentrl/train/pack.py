@@ -44,8 +44,17 @@ class TrainableTokens:
         return int(self.target_ids.shape[0])
 
     def to(self, device) -> "TrainableTokens":
-        return TrainableTokens(
-            **{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
+        return TrainableTokens(**{k: (_to(v, device) if isinstance(v, torch.Tensor) else v)
+                                  for k, v in self.__dict__.items()})
+
+
+def _to(t: torch.Tensor, device) -> torch.Tensor:
+    """Host to GPU through pinned memory, without blocking: a pageable copy makes the host wait until the device
+    has finished everything queued before it (the previous micro-batch's backward, the engine's decode steps)."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 @dataclass
@@ -71,6 +80,7 @@ class PackedBatch:
     segments: list[list[tuple[int, int, int]]]
     num_samples: int
     num_tokens: int  # real (non-pad) tokens
+    host_loss_mask: torch.Tensor | None = None  # the CPU loss mask, kept by `to()`: indices from it need no sync
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -106,8 +116,10 @@ class PackedBatch:
         return PackedBatch(**fields)
 
     def to(self, device) -> "PackedBatch":
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
-        moved["cu_seqlens"] = [c.to(device) for c in self.cu_seqlens]
+        moved = {k: (_to(v, device) if isinstance(v, torch.Tensor) and k != "host_loss_mask" else v)
+                 for k, v in self.__dict__.items()}
+        moved["cu_seqlens"] = [_to(c, device) for c in self.cu_seqlens]
+        moved["host_loss_mask"] = self.loss_mask if self.loss_mask.device.type == "cpu" else self.host_loss_mask
         return PackedBatch(**moved)
 
 
