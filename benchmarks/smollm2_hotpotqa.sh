@@ -12,9 +12,19 @@ evaluate() {  # $1 model, $2 name
     --out "$OUT/eval_$2.jsonl" | tee "$OUT/eval_$2.json"
 }
 evaluate smollm2-135m-instruct before
-python3 -m agentrl.cli train hotpotqa_search --config examples/train_hotpotqa_search.yaml \
-  --rollout.data="$DATA/train.jsonl" --time_limit_s="${TRAIN_SECONDS:-240}" --checkpoint.run_dir="$RUN" \
-  --checkpoint.save_every=0 "$@" 2> "$OUT/train.log" | tail -1
+train() {
+  python3 -m agentrl.cli train hotpotqa_search --config examples/train_hotpotqa_search.yaml \
+    --rollout.data="$DATA/train.jsonl" --time_limit_s="$1" --checkpoint.run_dir="$RUN" \
+    --checkpoint.save_every=0 "${@:2}" 2>> "$OUT/train.log" | tail -1
+}
+started=$(date +%s)
+# A failure of the compiled GPU path must not cost the run: the rest of the budget goes to the eager one.
+train "${TRAIN_SECONDS:-240}" "$@" || {
+  echo "compiled training failed (see train.log); eager layers, flex_attention" | tee -a "$OUT/train.log"
+  rm -rf "$RUN"
+  train $(( ${TRAIN_SECONDS:-240} - ($(date +%s) - started) )) --model.compile_layers=false \
+    --model.attn_implementation=flex_attention "$@"
+}
 cp "$RUN/metrics.jsonl" "$OUT/metrics.jsonl"
 python3 -m agentrl.cli plot "$RUN" --out "$OUT/curves.png"
 evaluate "$RUN/final" after
