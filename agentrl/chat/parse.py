@@ -69,17 +69,16 @@ def parse_call(raw: str) -> dict:
     value, problem = _loads(body)
     if problem:
         return _error(f"invalid JSON: {problem}", raw)
-    if isinstance(value, list):
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
         # SmolLM2's function-calling data writes `<tool_call>[{"name": ..., "arguments": ...}]</tool_call>`,
         # and a model prompted in that convention answers in it. A single wrapped call means the same as the
-        # bare object; an empty or longer list does not map onto one block, so it is reported.
+        # bare object; an empty or longer list does not map onto one block, so it is reported (and a list of
+        # anything but objects is no call at all: the plain "got array" below).
         if not value:
             return _error("an empty list is not a tool call", raw)
         if len(value) > 1:
             return _error(f"a list of {len(value)} tool calls; write one <tool_call> block per call", raw)
         (value,) = value
-        if not isinstance(value, dict):
-            return _error(f"a tool call must be a JSON object, got an array holding {_article(_kind(value))}", raw)
     if not isinstance(value, dict):
         return _error(f"a tool call must be a JSON object, got {_kind(value)}", raw)
     if "name" not in value:
@@ -125,10 +124,6 @@ def _loads(body: str):
 
 def _error(message: str, raw: str) -> dict:
     return {"error": message, "raw": raw.strip()}
-
-
-def _article(kind: str) -> str:
-    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def _kind(value) -> str:
