@@ -50,7 +50,7 @@ def _token_weights(tokens: TrainableTokens, cfg: LossConfig, current_version: in
         weights, denominator = keep, kept.sum()
     else:
         weights = keep
-        denominator = torch.tensor(float(tokens.num_samples * cfg.dr_grpo_max_tokens), device=keep.device)
+        denominator = torch.full((), float(tokens.num_samples * cfg.dr_grpo_max_tokens), device=keep.device)
     return weights, denominator
 
 
@@ -82,7 +82,12 @@ def policy_loss(logprobs: torch.Tensor, tokens: TrainableTokens, cfg: LossConfig
         surrogate = surrogate * (w.clamp(max=cfg.tis_cap) / w)
 
     weights, own_denominator = _token_weights(tokens, cfg, current_version)
-    d = own_denominator if denominator is None else torch.as_tensor(denominator, dtype=torch.float32, device=device)
+    if denominator is None:
+        d = own_denominator
+    elif isinstance(denominator, torch.Tensor):
+        d = denominator.to(device=device, dtype=torch.float32)
+    else:  # a host number: a fill kernel takes it as an argument, where as_tensor would copy it and wait for the device
+        d = torch.full((), float(denominator), dtype=torch.float32, device=device)
     loss = -(surrogate * weights).sum() / d.clamp(min=1)
     pending = _metrics(log_ratio.detach(), adv, tokens, cfg, current_version, entropy)
     return loss, (pending if defer_metrics else pending.resolve())
