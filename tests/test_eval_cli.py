@@ -36,8 +36,11 @@ def check_record(record: dict) -> None:
     generated = {i for a, b in record["turn_spans"] for i in range(a, b)}
     assert {i for i, m in enumerate(record["trainable"]) if m} == generated
     roles = [m["role"] for m in record["messages"]]
-    assert roles[:2] == ["system", "user"] and roles.count("assistant") == record["num_turns"]
-    assert roles.count("tool") == len(record["tool_calls"])
+    # The rollout's own turns follow the question, the last user message (an environment may open with worked
+    # examples, whose assistant and tool turns are part of the prompt).
+    own = roles[len(roles) - roles[::-1].index("user"):]
+    assert roles[0] == "system" and own.count("assistant") == record["num_turns"]
+    assert own.count("tool") == len(record["tool_calls"]) and "user" not in own
     assert all({"turn", "name", "arguments", "status", "content"} <= set(c) for c in record["tool_calls"])
     assert isinstance(record["reward"], float)
 
@@ -84,13 +87,15 @@ def test_eval_summary_of_a_scripted_tool_user_is_exact(tmp_path, capsys, monkeyp
         return ScriptedPolicy(model, script), tokenizer
 
     monkeypatch.setattr("agentrl.models.load_model", scripted_model)
+    # The script is keyed on the first user turn and counts assistant headers: no worked examples before it.
+    monkeypatch.setattr("environments.hotpotqa_search.HotpotQASearchEnv.few_shot", 0)
     out = tmp_path / "scripted.jsonl"
     summary = run_eval(capsys, "hotpotqa_search", "--model", "tiny-qwen3", "--limit", "4", "--max-tokens-per-turn",
                        "96", "--out", str(out))
     assert {k: summary[k] for k in ("n", "tool_call_rate", "tool_calls_per_rollout", "tool_error_rate", "answer_f1",
                                     "answer_em", "accuracy", "mean_turns", "reward")} == {
         "n": 4, "tool_call_rate": 1.0, "tool_calls_per_rollout": 2.0, "tool_error_rate": 0.0, "answer_f1": 1.0,
-        "answer_em": 1.0, "accuracy": 1.0, "mean_turns": 3.0, "reward": 1.0}
+        "answer_em": 1.0, "accuracy": 1.0, "mean_turns": 3.0, "reward": 1.1}  # F1 + the 0.1 search bonus
     assert summary["prefix_cache_hit_share"] > 0.5  # resubmitted turns and the shared system prompt
     records = read_jsonl(out)
     assert len(records) == 4
@@ -99,4 +104,5 @@ def test_eval_summary_of_a_scripted_tool_user_is_exact(tmp_path, capsys, monkeyp
         assert [c["status"] for c in record["tool_calls"]] == ["ok", "ok"]
         assert [c["name"] for c in record["tool_calls"]] == ["search", "search"]
         assert record["answer"] == f"<answer>{record['gold']}</answer>" and record["finish_reason"] == "done"
-        assert record["reward_components"] == {"answer_f1": 1.0, "answer_em": 1.0, "search_calls": 2.0}
+        assert record["reward_components"] == {"answer_f1": 1.0, "answer_em": 1.0, "search_calls": 2.0,
+                                               "search_format": 1.0}

@@ -6,7 +6,10 @@ import json
 import pytest
 
 import agentrl
-from environments.hotpotqa_search import HotpotQASearchEnv, load_environment
+from agentrl.chat import parse_tool_calls
+from agentrl.chat.template import builtin_template, render
+from environments.hotpotqa_search import (EXAMPLES, HotpotQASearchEnv, example_messages, format_reward,
+                                          load_environment)
 from environments.hotpotqa_search.corpus import generate_samples
 
 
@@ -76,7 +79,9 @@ def test_bridge_question_needs_two_searches(env, train):
 def test_episode_search_answer_and_reward(env, train):
     sample = train[0]
     episode = env.start(sample)
-    assert [m["role"] for m in episode.messages] == ["system", "user"]
+    assert [m["role"] for m in episode.messages] == ["system", *["user", *["assistant", "tool"] * 2, "assistant"] * 4,
+                                                     "user"]
+    assert episode.messages[-1]["content"] == sample["question"]
     results = asyncio.run(env.step(episode, _call(sample["question"])))
     assert results[0].status == "ok" and results[0].content.startswith("[1] ")
     assert results[0].content.count("\n\n[") == 2  # top_k = 3
@@ -84,8 +89,8 @@ def test_episode_search_answer_and_reward(env, train):
     asyncio.run(env.step(episode, f"Found it. <answer>{sample['answer']}</answer>"))
     assert episode.done
     total, parts = env.total_reward(episode)
-    assert parts == {"answer_f1": 1.0, "answer_em": 1.0, "search_calls": 1.0}
-    assert total == 1.0  # EM and search count carry weight 0
+    assert parts == {"answer_f1": 1.0, "answer_em": 1.0, "search_calls": 1.0, "search_format": 1.0}
+    assert total == pytest.approx(1.1)  # EM and search count carry weight 0, the format bonus 0.1
 
 
 def test_partial_answer_and_missing_tags():
@@ -105,6 +110,92 @@ def test_unfinished_episode_scores_only_explicit_answers(env):
     assert env.reward(episode)["answer_f1"] == 0.0
     episode.messages.append({"role": "assistant", "content": "<answer>Marden</answer> " + _call("x")})
     assert env.reward(episode)["answer_f1"] == 1.0
+
+
+def test_worked_examples_open_the_conversation(env, train):
+    sample = train[0]
+    assert env.few_shot == 4
+    assert load_environment(few_shot=0).prompt(sample) == [{"role": "system", "content": env.system_prompt},
+                                                          {"role": "user", "content": sample["question"]}]
+    two = load_environment(few_shot=2).prompt(sample)
+    assert two[1:-1] == example_messages(2) and two[-1] == {"role": "user", "content": sample["question"]}
+    assert sum(m["role"] == "user" for m in env.prompt(sample)) == len(EXAMPLES) + 1
+    # Every example search is a call the parser reads back exactly, to a query the index could answer.
+    every = example_messages(len(EXAMPLES))
+    for i, (question, searches, answer) in enumerate(EXAMPLES):
+        turns = every[6 * i:6 * i + 6]  # user, (assistant call, tool result) x 2, assistant answer
+        assert turns[0] == {"role": "user", "content": question}
+        for k, (query, result) in enumerate(searches):
+            assert parse_tool_calls(turns[1 + 2 * k]["content"]) == [{"name": "search", "arguments": {"query": query}}]
+            assert turns[2 + 2 * k] == {"role": "tool", "name": "search", "content": result}
+            assert result.startswith("[1] ")
+        assert turns[5] == {"role": "assistant", "content": f"<answer>{answer}</answer>"}
+    with pytest.raises(ValueError, match="few_shot"):
+        load_environment(few_shot=len(EXAMPLES) + 1)
+    with pytest.raises(ValueError, match="few_shot"):
+        load_environment(few_shot=-1)
+
+
+def test_example_calls_read_like_the_template_renders_calls():
+    # The examples are stored as plain assistant text (as the model's own turns are); under the default template
+    # they must be the same text a structured call renders to, so the model sees one call format throughout.
+    source = builtin_template("chatml_tools")
+    (as_text,) = [m for m in example_messages(1) if m["role"] == "assistant"][:1]
+    structured = {"role": "assistant", "content": "",
+                  "tool_calls": [{"type": "function", "function": {"name": "search",
+                                                                   "arguments": {"query": EXAMPLES[0][1][0][0]}}}]}
+    assert render(source, [as_text]) == render(source, [structured])
+
+
+def test_examples_are_not_the_episodes_answer(env):
+    # The examples end in answers (one of them "yes"); an episode that has not answered yet scores nothing.
+    sample = {"id": "z", "question": "Q?", "answer": "yes", "context": []}
+    episode = env.start(sample)
+    assert episode.state["prompt_messages"] == len(episode.messages) == 2 + 6 * len(EXAMPLES)
+    assert env.reward(episode)["answer_f1"] == 0.0
+    episode.messages.append({"role": "assistant", "content": "<answer>yes</answer> " + _call("x")})
+    assert env.reward(episode)["answer_f1"] == 1.0
+
+
+def test_format_bonus_zero_leaves_plain_f1(train):
+    env = load_environment(format_bonus=0)
+    episode = env.start(train[0])
+    asyncio.run(env.step(episode, _call("anything")))
+    asyncio.run(env.step(episode, "<answer>wrong</answer>"))
+    total, parts = env.total_reward(episode)
+    assert parts == {"answer_f1": 0.0, "answer_em": 0.0, "search_calls": 1.0} and total == 0.0
+    assert env.reward_weights == HotpotQASearchEnv.reward_weights
+
+
+@pytest.mark.parametrize("turns,expected_format,expected_total", [
+    ([_call("q"), "<answer>{gold}</answer>"], 1.0, 1.1),  # searched and right: F1 + the bonus
+    ([_call("q"), "<answer>nothing</answer>"], 1.0, 0.1),  # searched, wrong answer: the bonus alone
+    ([_call("a"), _call("b"), _call("c"), "<answer>nothing</answer>"], 1.0, 0.1),  # once per episode
+    (["<answer>{gold}</answer>"], 0.0, 1.0),  # right without searching: F1 alone
+    (['<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>', "<answer>nothing</answer>"], 0.0, 0.0),
+    (['<tool_call>{"name": "lookup", "arguments": {"query": "x"}}</tool_call>', "<answer>nothing</answer>"], 0.0, 0.0),
+    (["<tool_call>search: x</tool_call>", "<answer>nothing</answer>"], 0.0, 0.0),
+    (['<tool_call>[{"name": "search", "arguments": {"query": "x"}}]</tool_call>', "<answer>nothing</answer>"], 1.0, 0.1),
+])
+def test_format_bonus(env, train, turns, expected_format, expected_total):
+    assert env.format_bonus == 0.1
+    sample = train[0]
+    episode = env.start(sample)
+    for text in turns:
+        asyncio.run(env.step(episode, text.replace("{gold}", sample["answer"])))
+    assert episode.done
+    total, parts = env.total_reward(episode)
+    assert format_reward(episode) == parts["search_format"] == expected_format
+    assert total == pytest.approx(expected_total)
+    assert set(parts) == {"answer_f1", "answer_em", "search_calls", "search_format"}
+
+
+def test_format_bonus_options():
+    assert load_environment(format_bonus=0.25).reward_weights == {"answer_f1": 1.0, "answer_em": 0.0,
+                                                                  "search_calls": 0.0, "search_format": 0.25}
+    assert HotpotQASearchEnv.reward_weights == {"answer_f1": 1.0, "answer_em": 0.0, "search_calls": 0.0}
+    with pytest.raises(ValueError, match="format_bonus"):
+        load_environment(format_bonus=-0.1)
 
 
 def test_answer_with_a_tool_call_ends_the_episode(env, train):

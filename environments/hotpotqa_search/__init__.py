@@ -2,10 +2,13 @@
 
 The model searches the paragraphs of the loaded split (HotpotQA, or the built-in generated set) and gives
 its answer in `<answer>…</answer>`; the reward is the answer's F1 against the gold answer, with exact match
-and the number of searches logged beside it.
+and the number of searches logged beside it, plus a small bonus for a search that ran (`format_bonus`).
+Worked examples (`few_shot`) open the conversation.
 """
 
 from __future__ import annotations
+
+import json
 
 from agentrl import Environment, Episode, tool
 from environments.hotpotqa_search.data import load_samples
@@ -13,18 +16,70 @@ from environments.hotpotqa_search.metrics import answer_em, answer_f1, extract_a
 from environments.hotpotqa_search.search import SearchIndex, paragraphs_from_samples
 
 __all__ = ["HotpotQASearchEnv", "load_environment", "answer_f1", "answer_em", "extract_answer", "predicted_answer",
-           "normalize_answer", "SearchIndex"]
+           "normalize_answer", "SearchIndex", "SYSTEM_PROMPT", "EXAMPLES", "example_messages", "format_reward"]
 
 SYSTEM_PROMPT = (
     "You answer questions that need facts from more than one encyclopedia paragraph. "
     "Use the `search` tool to look things up, one entity or fact at a time; you may search several times. "
     "When you know the answer, reply with it inside <answer>...</answer> and nothing else after it. "
-    "Keep the answer short: a name, a place, a number, or yes/no.\n\n"
-    # A worked call in the prompt: small instruction models (SmolLM2-135M) never call a tool from the schema
-    # alone (0 of 50 on HotpotQA dev), and RL cannot reinforce a behaviour it never samples.
-    "Example of a search call:\n"
-    '<tool_call>\n{"name": "search", "arguments": {"query": "Eiffel Tower architect"}}\n</tool_call>'
+    "Keep the answer short: a name, a place, a number, or yes/no."
 )
+
+# Worked examples, shown as real conversation turns (question, searches with their results, answer) before the
+# sample's question. SmolLM2-135M-Instruct sampled at temperature 1.0 never wrote a well-formed call from the
+# instructions and tool schema alone, nor from a call example or a transcript of these examples inside the
+# system prompt (0 of 160 first turns each, HotpotQA dev); after these four, 37 of 160 did (16 after the first
+# two; 29 after six). Entities are made up so that no example gives away a real answer, and results have the
+# search tool's own layout.
+EXAMPLES: tuple[tuple[str, tuple[tuple[str, str], ...], str], ...] = (
+    ("Which river flows through the city where the founder of Norbel Foods was born?", (
+        ("Norbel Foods", "[1] Norbel Foods\nNorbel Foods is a food company founded in 1921 by Ada Korsch."),
+        ("Ada Korsch", "[1] Ada Korsch\nAda Korsch (1890-1960) was a businesswoman born in Lorin, a city on the "
+                       "river Tessa.")),
+     "Tessa"),
+    ("Were the directors of the films Blue Harbor and Night Train of the same nationality?", (
+        ("Blue Harbor film", "[1] Blue Harbor\nBlue Harbor is a 1998 drama film directed by the Danish director "
+                             "Per Olsen."),
+        ("Night Train film", "[1] Night Train\nNight Train is a 2004 thriller film directed by the Danish director "
+                             "Mette Lund.")),
+     "yes"),
+    ("In what year was the university attended by the author of The Glass Orchard founded?", (
+        ("The Glass Orchard", "[1] The Glass Orchard\nThe Glass Orchard is a 2010 novel by Hana Reis, who studied "
+                              "at Calvey University."),
+        ("Calvey University", "[1] Calvey University\nCalvey University is a public university founded in 1885.")),
+     "1885"),
+    ("What sport does the team owned by Marco Delle play?", (
+        ("Marco Delle", "[1] Marco Delle\nMarco Delle is a businessman and the owner of the Riverton Hawks."),
+        ("Riverton Hawks", "[1] Riverton Hawks\nThe Riverton Hawks are a professional ice hockey team.")),
+     "ice hockey"),
+)
+
+
+def search_call_text(query: str) -> str:
+    """An assistant turn calling `search`, written the way the default chat template renders a call."""
+    return '<tool_call>\n{"name": "search", "arguments": {"query": ' + json.dumps(query, ensure_ascii=False) + \
+        "}}\n</tool_call>"
+
+
+def example_messages(count: int) -> list[dict]:
+    """The first `count` worked examples as user / assistant / tool messages."""
+    messages: list[dict] = []
+    for question, searches, answer in EXAMPLES[:count]:
+        messages.append({"role": "user", "content": question})
+        for query, result in searches:
+            # Plain assistant text, as the model's own turns are recorded, so the examples read exactly like a
+            # rollout of this environment (and show up as such in the viewer).
+            messages.append({"role": "assistant", "content": search_call_text(query)})
+            messages.append({"role": "tool", "name": "search", "content": result})
+        messages.append({"role": "assistant", "content": f"<answer>{answer}</answer>"})
+    return messages
+
+
+def format_reward(episode: Episode) -> float:
+    """1.0 if the episode made at least one well-formed `search` call that ran (status ok or truncated), else
+    0.0. Once per episode, so repeating searches earns nothing more; `format_bonus` is its weight."""
+    return float(any(c.get("name") == "search" and c.get("status") in ("ok", "truncated")
+                     for c in episode.tool_calls))
 
 
 class HotpotQASearchEnv(Environment):
@@ -32,10 +87,24 @@ class HotpotQASearchEnv(Environment):
     system_prompt = SYSTEM_PROMPT
     # F1 is what HotpotQA reports and what varies smoothly enough to learn from; the others are diagnostics.
     reward_weights = {"answer_f1": 1.0, "answer_em": 0.0, "search_calls": 0.0}
+    # Worked examples before the question (see EXAMPLES); 0 shows the question alone.
+    few_shot: int = 4
+    # Weight of `format_reward` added to the F1; 0.0 leaves the component out, so reward is plain F1. On by
+    # default because F1 alone does not favour searching for a small model: SmolLM2-135M (4 examples, HotpotQA
+    # dev, 40 questions x 4 at temperature 1.0) scored F1 0.0045 after a search and 0.0053 without one, and
+    # only 12 of 40 groups had any reward spread (26 of 40 with the bonus). answer_f1 stays the metric to
+    # compare runs by; a wrong answer after a search scores 0.1, far below any right one.
+    format_bonus: float = 0.1
 
     def __init__(self, path: str | None = None, split: str = "train", limit: int | None = None, seed: int = 0,
                  top_k: int = 3, max_paragraph_chars: int = 500, **kwargs):
         super().__init__(**kwargs)
+        if not 0 <= self.few_shot <= len(EXAMPLES):
+            raise ValueError(f"few_shot must be between 0 and {len(EXAMPLES)}, got {self.few_shot}")
+        if self.format_bonus < 0:
+            raise ValueError(f"format_bonus must be >= 0, got {self.format_bonus}")
+        if self.format_bonus:
+            self.reward_weights = {**type(self).reward_weights, "search_format": float(self.format_bonus)}
         self.path, self.split, self.limit, self.seed = path, split, limit, seed
         self.top_k = top_k
         self.max_paragraph_chars = max_paragraph_chars
@@ -81,7 +150,16 @@ class HotpotQASearchEnv(Environment):
         key = _sample_key(sample)
         if key not in self._index_of_sample:
             self._index_of_sample[key] = self.index_for(sample)
-        return super().start(sample)
+        episode = super().start(sample)
+        # Where the model's own turns begin: the worked examples' answers are not the episode's.
+        episode.state["prompt_messages"] = len(episode.messages)
+        return episode
+
+    def prompt(self, sample: dict) -> list[dict]:
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages += example_messages(self.few_shot)
+        messages.append({"role": "user", "content": str(sample["question"])})
+        return messages
 
     @tool
     def search(self, query: str, episode: Episode) -> str:
@@ -101,8 +179,11 @@ class HotpotQASearchEnv(Environment):
         gold = str(episode.sample.get("answer", ""))
         searches = sum(1 for c in episode.tool_calls
                        if c.get("name") == "search" and c.get("status") in ("ok", "truncated"))
-        return {"answer_f1": answer_f1(prediction, gold), "answer_em": answer_em(prediction, gold),
-                "search_calls": float(searches)}
+        parts = {"answer_f1": answer_f1(prediction, gold), "answer_em": answer_em(prediction, gold),
+                 "search_calls": float(searches)}
+        if self.format_bonus:
+            parts["search_format"] = format_reward(episode)
+        return parts
 
 
 def predicted_answer(episode: Episode) -> str:
@@ -110,7 +191,8 @@ def predicted_answer(episode: Episode) -> str:
     `<answer>` tag in its last assistant turn (an unfinished turn's free text is not an answer)."""
     if episode.final_text is not None:
         return extract_answer(episode.final_text)
-    last = next((m.get("content") or "" for m in reversed(episode.messages) if m.get("role") == "assistant"), "")
+    turns = episode.messages[episode.state.get("prompt_messages", 0):]
+    last = next((m.get("content") or "" for m in reversed(turns) if m.get("role") == "assistant"), "")
     return extract_answer(last) if has_answer_tag(last) else ""
 
 
