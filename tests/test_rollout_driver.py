@@ -441,3 +441,15 @@ def test_a_stopped_driver_hands_its_engine_back_clean(echo):
     assert len(second.run()) == len(samples)
     stats = engine.stats
     assert stats.running == stats.waiting == 0
+
+
+def test_a_group_whose_members_finish_together_is_emitted_once(echo):
+    """Greedy members of one group are identical, so they finish in the same engine step and reach the driver in
+    the same wait: each returns its (by then complete) group, which must still be scored and emitted once."""
+    prompts = PromptIterator(echo.samples[:10], shuffle=False, max_epochs=1)
+    config = RolloutConfig(num_generations=4, rollouts_in_flight=IN_FLIGHT, temperature=0.0, max_turns=2,
+                           max_tokens_per_turn=32)
+    groups = RolloutDriver(echo.env, echo.engine(), echo.fmt, prompts, config).run()
+    ids = [g.group_id for g in groups]
+    assert len(ids) == len(set(ids)) == 10
+    assert all(len(g.trajectories) == 4 for g in groups)

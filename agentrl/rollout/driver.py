@@ -149,8 +149,13 @@ class RolloutDriver:
                 if pump in done:
                     pump.result()  # an engine step failed: raise it here rather than leave rollouts waiting
                 tasks -= done
+                # Several members of one group can finish in the same wait: each returns the group, complete by
+                # then, and it must still be scored and emitted once.
+                finished = {}
                 for task in done:
                     group = task.result()  # a failing rollout is a bug in the project: let it surface
+                    finished[group.group_id] = group
+                for group in finished.values():
                     if group.complete:
                         self._score(group)
                         emit(group)
