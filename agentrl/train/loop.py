@@ -135,9 +135,11 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
             for first in range(0, n_rows, cfg.rows_per_micro_batch):
                 host_micro = batch.select_rows(first, min(first + cfg.rows_per_micro_batch, n_rows))
                 micro, micro_tokens = host_micro.to(device), host_micro.trainable_tokens().to(device)
+                # Under the temperature the engine sampled with: the behaviour logprobs are of logits / T, and the
+                # importance ratio must compare like with like.
                 logprobs, entropy = packed_token_logprobs(model, micro, chunk_size=cfg.logprob_chunk_size,
                                                           hybrid_varlen=cfg.model.hybrid_varlen,
-                                                          pad_multiple=pad_multiple)
+                                                          pad_multiple=pad_multiple, temperature=r.temperature)
                 loss, metrics = policy_loss(logprobs, micro_tokens, cfg.loss, current_version=version,
                                             entropy=entropy, denominator=denominator, defer_metrics=True)
                 loss.backward()
