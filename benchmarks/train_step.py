@@ -151,7 +151,7 @@ def parse_variant(variant: str) -> tuple[str, int | None]:
 def set_variant(model, variant: str):
     """`ckpt` (full activation checkpointing) or `nockpt`; `+compile` compiles every decoder layer as the trainer
     does; `+varlen` swaps flex_attention for flash varlen attention over the flat layout."""
-    from agentrl.train.logprobs import compile_decoder_layers
+    from agentrl.engine.model_view import compile_decoder_layers
     from agentrl.train.varlen_attention import register
 
     parts = variant.split("+")

@@ -7,9 +7,8 @@ import torch
 from agentrl.models import load_model
 from agentrl.train import varlen_attention as va
 from agentrl.train.config import TrainConfig
-from agentrl.train.logprobs import (
-    compile_decoder_layers, flat_layout, packed_hidden_states, packed_token_logprobs, packing_error,
-)
+from agentrl.engine.model_view import compile_decoder_layers
+from agentrl.train.logprobs import flat_layout, packed_hidden_states, packed_token_logprobs, packing_error
 from agentrl.train.loop import _attention_implementation
 from agentrl.train.pack import pack_samples
 from tests.test_chunked_logprobs import _in_packed_order, _one_by_one, _samples

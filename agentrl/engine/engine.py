@@ -15,7 +15,7 @@ Data flow:
                     step replays the CUDA graph of its batch-size bucket instead (cuda_graphs.py)
                   → Sampler: tokens + behaviour logprobs of all rows, one device-to-host transfer (the
                     step's only sync)
-                  → append, tag with policy_version, check stops; Scheduler.commit advertises the
+                  → append, tag with policy_version, check stops; Scheduler.register advertises the
                     pages that became full in the prefix cache
                   → Completions (returned, passed to callbacks, or queued for get_completion)
 

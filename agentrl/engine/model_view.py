@@ -96,15 +96,22 @@ def model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
     raise ValueError("the model has no floating-point parameters")
 
 
-def compile_decoder_layers(view: nn.Module) -> int:
-    """`torch.compile` every decoder layer of the view (not the training model): the norms, rotary embedding,
-    SwiGLU and residual adds fuse into a few kernels instead of ~40 small launches a layer, which at 512 decode
-    rows are a third of a step. Paged attention stays eager (it is `torch.compiler.disable`d, so each layer
-    compiles as the graphs before and after it). Shapes go dynamic at the second token count seen. Returns the
-    number of layers compiled."""
-    layers = _decoder_layers(view)
+def compile_decoder_layers(model: nn.Module, **options) -> int:
+    """`torch.compile` every decoder layer of `model` on its own (`options` go to `Module.compile`); returns the
+    number compiled. The engine compiles its view's layers (the norms, rotary embedding, SwiGLU and residual adds
+    fuse into a few kernels instead of ~40 small launches a layer, a third of a 512-row decode step; paged
+    attention is `torch.compiler.disable`d, so each layer compiles as the graphs around it), the trainer its
+    model's. Shapes go dynamic at the second length seen.
+
+    The layers of every copy of a model class share their code objects and dynamo's one cache per frame: the
+    trainer's entries plus the engine's exceeded the default limit of 8 on transformers' shared wrapper frames
+    (measured on CPU), and a frame past the limit runs eagerly from then on, with all it calls; hence 64."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), 64))
+    layers = _decoder_layers(model)
     for layer in layers:
-        layer.compile()
+        layer.compile(**options)
     return len(layers)
 
 

@@ -166,11 +166,6 @@ class Scheduler:
                     self.pool.register(seq.pages[i], keys[i], seq.content(i, ps))
                 seq.num_registered = full
 
-    def commit(self, batch: list[Scheduled]) -> None:
-        """Both, for a step whose results are already known."""
-        self.advance(batch)
-        self.register(batch)
-
     # -- membership -----------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         seq.status = WAITING

@@ -404,20 +404,3 @@ def packed_token_logprobs(model, batch: PackedBatch, *, temperature: float = 1.0
         hidden, targets = hidden[mask], batch.target_ids.to(hidden.device)[mask]
     return chunked_logprobs(hidden, lm_head_weight(model), targets, temperature=temperature, chunk_size=chunk_size,
                             compile=compile)
-
-
-def compile_decoder_layers(model, **options) -> None:
-    """`torch.compile` each decoder layer on its own (`options` go to it). The layers run the same code and dynamo
-    guards on their structure rather than their identity, so they share compiled graphs. The default
-    `dynamic=None` compiles the first length statically, then after a recompile or two treats the lengths that
-    changed (the flat layout's, different every micro-batch) as dynamic: no further compiles.
-
-    Those code objects, and the one cache per frame that dynamo keeps on them, are shared with every other compiled
-    copy of the model class: the engine compiles its view's layers too. The trainer's entries plus the engine's
-    exceeded dynamo's default limit of 8 on transformers' shared wrapper frames (measured on CPU), and a frame
-    past the limit runs eagerly from then on, with all it calls; hence the higher limit."""
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), 64))
-    for layer in _decoder(model).layers:
-        layer.compile(**options)

@@ -55,7 +55,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     from agentrl.models import load_model
     from agentrl.rollout import PromptIterator, RolloutConfig, RolloutDriver, summarize
     from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-    from agentrl.train.logprobs import compile_decoder_layers, is_hybrid, packed_token_logprobs, packing_error
+    from agentrl.engine.model_view import compile_decoder_layers
+    from agentrl.train.logprobs import is_hybrid, packed_token_logprobs, packing_error
     from agentrl.train.loss import loss_denominator, policy_loss
     from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
     from agentrl.train.pack import pack_samples
