@@ -25,10 +25,26 @@ def _eval(argv: list[str]) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument of the environment (repeatable), e.g. --env-arg few_shot=2")
     a = p.parse_args(argv)
-    summary = evaluate(EvalConfig(**{k.replace("-", "_"): v for k, v in vars(a).items()}))
+    options = vars(a)
+    options["env_args"] = _env_args(p, options.pop("env_arg"))
+    summary = evaluate(EvalConfig(**{k.replace("-", "_"): v for k, v in options.items()}))
     print(json.dumps(summary))
     return 0
+
+
+def _env_args(parser: argparse.ArgumentParser, items: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--env-arg {item!r}: expected KEY=VALUE")
+        out[key] = yaml.safe_load(value) if value.strip() else value
+    return out
 
 
 def _view(argv: list[str]) -> int:

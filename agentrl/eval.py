@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentrl.rollout import PromptIterator, RolloutConfig, RolloutDriver, summarize
@@ -29,6 +29,7 @@ class EvalConfig:
     device: str | None = None
     dtype: str | None = None
     seed: int = 0
+    env_args: dict = field(default_factory=dict)  # keyword arguments of the environment, as in training
 
 
 def build_engine(model, tokenizer, fmt, *, max_model_len: int, max_num_seqs: int):
@@ -46,7 +47,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     from agentrl.chat import ChatFormat
     from agentrl.models import load_model
 
-    env = load_environment(config.env)
+    env = load_environment(config.env, **config.env_args)
     dataset = env.load_dataset(split=config.split, path=config.data, limit=config.limit)
     device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_model(config.model, dtype=config.dtype, device=device)

@@ -7,7 +7,11 @@ steps the engine by hand until every sequence decodes, then
 - profiles 5 more steps with torch.profiler and prints the kernels by total GPU time.
 GPU busy time per step well below wall time means the GPU waits on the host; the opposite points at kernels.
 
-usage: python benchmarks/profile_engine.py [--seqs 512] [--prompt 256] [--trace out.json]
+With `--turn2` it profiles instead the multi-turn case of benchmarks/engine.py (256 x 1024 -> 64, then + 64 tool
+tokens): the prefill phase of turn 2 (prefix cache on) beside the same new tokens submitted alone, step by step
+with host phase times and the kernels of each.
+
+usage: python benchmarks/profile_engine.py [--seqs 512] [--prompt 256] [--trace out.json] [--turn2]
 """
 
 from __future__ import annotations
@@ -34,13 +38,72 @@ def wrap_timer(obj, name, totals):
     setattr(obj, name, timed)
 
 
+def prefill_phase(engine, prompts, sampling, label):
+    """Submit `prompts` and step until each has its first token: wall ms and host phase ms of every step, then
+    the kernels of the whole phase. Finishes the requests afterwards (unprofiled)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    totals = collections.Counter()
+    originals = {}
+    for obj, name in ((engine.scheduler, "schedule"), (engine.scheduler, "register"), (engine, "_launch"),
+                      (engine, "_complete_in_flight"), (engine, "_drain_inbox")):
+        originals[(obj, name)] = getattr(obj, name)
+        wrap_timer(obj, name, totals)
+    torch.cuda.synchronize()
+    ids = [engine.submit(p, sampling) for p in prompts]
+    steps, t = [], time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        while len(engine._live) < len(ids) or not all(s.logprobs for s in engine._live.values()):
+            s0 = time.perf_counter()
+            engine.step()
+            steps.append((time.perf_counter() - s0) * 1e3)
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t
+    for (obj, name), fn in originals.items():
+        setattr(obj, name, fn)
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1e3
+    print(f"--- {label}: prefill phase {wall * 1e3:.0f} ms (profiled), {len(steps)} steps, GPU kernel time "
+          f"{busy:.0f} ms; ms per step: " + " ".join(f"{x:.0f}" for x in steps))
+    print("  host: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in totals.most_common()))
+    print(events.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
+    while engine.has_work():
+        engine.step()
+
+
+def turn2(args):
+    from benchmarks.engine import qwen3_shaped, random_prompts
+
+    from agentrl.engine import Engine, EngineConfig, SamplingParams
+
+    model = qwen3_shaped()
+    n, plen, gen, tool = args.turn2_seqs, 1024, 64, 64
+    sampling = SamplingParams(max_new_tokens=gen, temperature=0.0, ignore_eos=True)
+    vocab = model.config.vocab_size
+    engine = Engine(model, EngineConfig(max_num_seqs=n, max_model_len=plen + 2 * gen + tool + 64,
+                                        max_tokens_per_step=8192, gpu_memory_fraction=0.45))
+    engine.generate(random_prompts(n, plen, vocab, seed=3), SamplingParams(max_new_tokens=8, temperature=0.0,
+                                                                          ignore_eos=True))
+    prompts, tools = random_prompts(n, plen, vocab, seed=1), random_prompts(n, tool, vocab, seed=2)
+    first = engine.generate(prompts, sampling)
+    alone = [c.token_ids + t for c, t in zip(first, tools)]
+    engine.generate(random_prompts(n, gen + tool, vocab, seed=4), sampling)  # the short shapes, compiled
+    prefill_phase(engine, [p + c.token_ids + t for p, c, t in zip(prompts, first, tools)], sampling,
+                  "turn 2, prefix cache")
+    prefill_phase(engine, alone, sampling, "new tokens alone")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqs", type=int, default=512)
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--trace", default=None, help="write a chrome trace of the profiled steps")
+    ap.add_argument("--turn2", action="store_true", help="profile the multi-turn case's turn-2 prefill instead")
+    ap.add_argument("--turn2-seqs", type=int, default=256)
     args = ap.parse_args()
+    if args.turn2:
+        return turn2(args)
 
     from benchmarks.engine import qwen3_shaped, random_prompts
 

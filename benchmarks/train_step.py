@@ -131,12 +131,17 @@ def print_profile(name, fn, model, batch, cfg):
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
         fn(model, batch, cfg)
         model.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
+        wall = time.perf_counter() - t
     events = prof.key_averages()
-    print(f"--- {name}: GPU kernel time {sum(e.self_device_time_total for e in events) / 1e3:.1f} ms a step")
+    busy = sum(e.self_device_time_total for e in events) / 1e3
+    # Kernel time well below the wall time means the device waited on the host (launches, syncs, compiles).
+    print(f"--- {name}: GPU kernel time {busy:.1f} ms in a {wall * 1e3:.1f} ms step (profiled)")
     print(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=70))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=70))
 
 
 def parse_variant(variant: str) -> tuple[str, int | None]:

@@ -21,25 +21,34 @@ def test_page_pool_refcounts_and_lru_eviction():
     pool = PagePool(num_pages=4, page_size=2)
     tokens = [1, 2, 3, 4, 5, 6]
     keys = chain_keys(tokens, 2)
-    contents = [(None, (1, 2)), (keys[0], (3, 4)), (keys[1], (5, 6))]
     a = pool.allocate(3)
-    for page, key, content in zip(a, keys, contents):
-        assert pool.register(page, key, content)
-    assert not pool.register(pool.allocate(1)[0], keys[0], contents[0])  # key taken: stays private
+    for page, key in zip(a, keys):
+        assert pool.register(page, key)
+    assert not pool.register(pool.allocate(1)[0], keys[0])  # key taken: stays private
     pool.release(a)
     pool.check()
     assert pool.num_free == 3 and pool.num_cached == 3
-    assert pool.match(keys, contents) == a  # all three served from cache, referenced again
+    assert pool.match(keys) == a  # all three served from cache, referenced again
     pool.release(a)
-    assert pool.match(keys[:1], [(None, (9, 9))]) == []  # same key, other content: a collision, not a hit
+    assert pool.match(chain_keys([1, 2, 9, 9], 2)) == a[:1]  # the shared first page only
+    pool.release(a[:1])
     # Eviction takes the least recently released first; release() frees a sequence's tail first.
     assert pool.allocate(1) == [a[2]]
-    assert pool.match(keys, contents) == a[:2]
+    assert pool.match(keys) == a[:2]
     pool.release(a[:2])
     pool.check()
     pool.drop_unreferenced()
-    assert pool.num_cached == 0 and pool.match(keys, contents) == []
+    assert pool.num_cached == 0 and pool.match(keys) == []
     pool.check()
+
+
+def test_page_keys_chain_the_whole_prefix():
+    keys = chain_keys([1, 2, 3, 4, 5, 6, 7], 2)
+    assert len(keys) == 3 and len(set(keys)) == 3 and all(len(k) == 16 for k in keys)  # the partial page has none
+    assert chain_keys([1, 2, 3, 4, 5, 6], 2, keys[0], 1) == keys[1:]  # continued from a parent key = computed whole
+    assert chain_keys([9, 2, 3, 4], 2)[1] != keys[1]  # same page tokens after another prefix: another key
+    assert chain_keys([3, 4, 1, 2], 2)[1] != keys[0] and chain_keys([1, 2, 3, 4], 2, num_pages=1) == keys[:1]
+    assert chain_keys([151_935, 1 << 40], 2) != chain_keys([151_935, 0], 2)  # ids are not truncated
 
 
 def test_three_turn_resubmission_prefills_only_new_tokens(model):

@@ -69,6 +69,16 @@ def test_eval_then_view_on_tiny_qwen3(env, tmp_path, capsys):
     assert html.count('<section class="traj"') == 4 and "4 trajectories" in html
 
 
+def test_environment_arguments_shape_the_prompt(tmp_path, capsys):
+    out = tmp_path / "plain.jsonl"
+    run_eval(capsys, "hotpotqa_search", "--model", "tiny-qwen3", "--limit", "2", "--max-tokens-per-turn", "4",
+             "--max-turns", "1", "--env-arg", "few_shot=0", "--out", str(out))
+    for record in read_jsonl(out):  # no worked examples: the system turn, then the question, then the answer
+        assert [m["role"] for m in record["messages"]] == ["system", "user", "assistant"]
+    with pytest.raises(SystemExit):
+        main(["eval", "hotpotqa_search", "--env-arg", "few_shot"])
+
+
 def test_eval_summary_of_a_scripted_tool_user_is_exact(tmp_path, capsys, monkeypatch):
     from agentrl import load_environment
     from agentrl.models import load_model

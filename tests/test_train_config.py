@@ -88,3 +88,18 @@ def test_direct_construction_is_checked_too():
         LossConfig(type="reinforce")
     with pytest.raises(ConfigError, match="unknown key 'loss.typo'"):
         TrainConfig.from_dict({"loss": {"typo": 1}})
+
+
+def test_environment_arguments_reach_the_environment(tmp_path):
+    from agentrl import load_environment
+
+    path = tmp_path / "run.yaml"
+    path.write_text("rollout:\n  environment: hotpotqa_search\n  env_args:\n    few_shot: 1\n")
+    cfg = TrainConfig.from_yaml(path, ["--rollout.env_args.format_bonus=0", "--rollout.env_args.top_k=2"])
+    assert cfg.rollout.env_args == {"few_shot": 1, "format_bonus": 0, "top_k": 2}  # numbers, not strings
+    env = load_environment(cfg.rollout.environment, **cfg.rollout.env_args)
+    assert (env.few_shot, env.format_bonus, env.top_k) == (1, 0, 2)
+    assert "search_format" not in env.reward_weights  # the bonus is off
+    assert TrainConfig.from_yaml(path).rollout.env_args == {"few_shot": 1}
+    with pytest.raises(ConfigError, match="rollout.env_args: expected a mapping"):
+        TrainConfig.from_dict({}, ["--rollout.env_args=3"])

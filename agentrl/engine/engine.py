@@ -31,6 +31,7 @@ import contextlib
 import queue
 import random
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 
@@ -117,7 +118,7 @@ class Engine:
     # -- requests -------------------------------------------------------------------------------------
     def submit(self, token_ids, sampling: SamplingParams | None = None, callback=None) -> int:
         sampling = sampling or SamplingParams()
-        ids = [int(t) for t in token_ids]
+        ids = list(map(int, token_ids))
         if not ids:
             raise ValueError("empty prompt")
         if len(ids) >= self.max_model_len:
@@ -361,8 +362,10 @@ class Engine:
         try:
             while not self._stopping:
                 if self._released or not self.has_work():
+                    t = time.perf_counter()
                     self._wake.wait(0.05)
                     self._wake.clear()
+                    self._stats.idle_seconds += time.perf_counter() - t
                     continue
                 for completion, has_callback in self._step():
                     if not has_callback:
@@ -396,7 +399,11 @@ class Engine:
     def pause(self):
         """No step runs inside: wrap an optimizer step (and the bump) so no token mixes two weight sets."""
         with self._lock:
-            yield self
+            t = time.perf_counter()
+            try:
+                yield self
+            finally:
+                self._stats.paused_seconds += time.perf_counter() - t
 
     def bump_version(self, version: int | None = None) -> int:
         with self._lock:

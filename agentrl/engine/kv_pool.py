@@ -2,30 +2,38 @@
 
 A page is `page_size` token slots in every attention layer. Pages are reference counted: a page is live
 while some sequence's block table lists it. A page whose tokens are all computed can be *registered* under
-the chained key of its content (the key of the page before it and its own token ids), so a later sequence
-with the same prefix maps the same page instead of computing it again. Registered pages that nobody refers
-to stay cached and are evicted least recently released first, only when no free page is left.
+the chained key of its content (a 128-bit BLAKE2b digest of the key of the page before it and its own token
+ids), so a later sequence with the same prefix maps the same page instead of computing it again. Registered
+pages that nobody refers to stay cached and are evicted least recently released first, only when no free page
+is left.
+
+Why a cryptographic digest rather than Python's `hash` plus a stored copy of the content to rule out
+collisions: the copies were tuples, one per page, and the garbage collector walked all of them. Resubmitting
+256 conversations of 1,100 tokens spent ~0.3 s (of 2.9 s, CPU, 2 cores) in collections triggered by them. A
+digest is a `bytes` object, which the collector never tracks, and at 128 bits a collision needs ~2^64 pages.
 
 Only full pages are ever shared, and a full page is never written again, so sharing needs no copy-on-write.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict, deque
+from hashlib import blake2b
 from typing import Sequence
 
 
-def page_key(parent: int | None, tokens: tuple[int, ...]) -> int:
-    return hash((parent, tokens))
-
-
-def chain_keys(token_ids: Sequence[int], page_size: int, start_key: int | None = None, start_page: int = 0,
-               num_pages: int | None = None) -> list[int]:
+def chain_keys(token_ids: Sequence[int], page_size: int, start_key: bytes | None = None, start_page: int = 0,
+               num_pages: int | None = None) -> list[bytes]:
     """Chained keys of the full pages of `token_ids`, from page `start_page` whose parent key is `start_key`."""
     full = len(token_ids) // page_size if num_pages is None else num_pages
-    keys, parent = [], start_key
-    for i in range(start_page, full):
-        parent = page_key(parent, tuple(token_ids[i * page_size:(i + 1) * page_size]))
+    if full <= start_page:
+        return []
+    data = array("q", token_ids[start_page * page_size:full * page_size]).tobytes()
+    step = 8 * page_size
+    keys, parent = [], start_key or b""
+    for offset in range(0, len(data), step):
+        parent = blake2b(data[offset:offset + step], digest_size=16, key=parent).digest()
         keys.append(parent)
     return keys
 
@@ -38,8 +46,8 @@ class PagePool:
         self.refs = [0] * num_pages
         self._free: deque[int] = deque(range(num_pages))
         self._evictable: OrderedDict[int, None] = OrderedDict()  # registered, unreferenced; oldest first
-        self._key_of: dict[int, tuple[int, tuple[int | None, tuple[int, ...]]]] = {}  # page -> (key, content)
-        self._page_of: dict[int, int] = {}  # key -> page
+        self._key_of: dict[int, bytes] = {}  # page -> key
+        self._page_of: dict[bytes, int] = {}  # key -> page
         self.evictions = 0
 
     # -- capacity -------------------------------------------------------------------------------------
@@ -85,15 +93,14 @@ class PagePool:
                 self._free.append(page)
 
     # -- prefix cache ---------------------------------------------------------------------------------
-    def match(self, keys: Sequence[int], contents: Sequence[tuple]) -> list[int]:
-        """Reference the cached pages for the longest prefix of `keys`; `contents[i]` guards against hash
-        collisions by comparing what the page was registered with."""
+    def match(self, keys: Sequence[bytes]) -> list[int]:
+        """Reference the cached pages for the longest prefix of `keys`."""
         if not self.enable_prefix_cache:
             return []
         pages = []
-        for key, content in zip(keys, contents):
+        for key in keys:
             page = self._page_of.get(key)
-            if page is None or self._key_of[page][1] != content:
+            if page is None:
                 break
             if self.refs[page] == 0:
                 del self._evictable[page]
@@ -101,13 +108,13 @@ class PagePool:
             pages.append(page)
         return pages
 
-    def register(self, page: int, key: int, content: tuple) -> bool:
+    def register(self, page: int, key: bytes) -> bool:
         """Advertise a live, fully computed page under `key`. False if the key is taken by another page
         (two sequences computed the same prefix concurrently): this one then stays private."""
         if not self.enable_prefix_cache or key in self._page_of or page in self._key_of:
             return False
         self._page_of[key] = page
-        self._key_of[page] = (key, content)
+        self._key_of[page] = key
         return True
 
     def clear_cache(self) -> None:
@@ -127,8 +134,7 @@ class PagePool:
             self._free.append(page)
 
     def _unregister(self, page: int) -> None:
-        key, _ = self._key_of.pop(page)
-        del self._page_of[key]
+        del self._page_of[self._key_of.pop(page)]
 
     def live_pages(self) -> list[int]:
         return [p for p, r in enumerate(self.refs) if r > 0]
@@ -140,5 +146,5 @@ class PagePool:
         for p, r in enumerate(self.refs):
             assert r >= 0
             assert (p in free) + (p in evict) + (r > 0) == 1, (p, r)
-        assert all(self._page_of[k] == p for p, (k, _) in self._key_of.items())
+        assert all(self._page_of[k] == p for p, k in self._key_of.items())
         assert evict <= set(self._key_of)

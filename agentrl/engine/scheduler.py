@@ -43,7 +43,7 @@ class Sequence:
     pages: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV is in `pages`
     num_registered: int = 0  # leading pages already advertised in (or mapped from) the prefix cache
-    page_keys: list[int] = field(default_factory=list)  # chained keys of the full pages of `tokens`
+    page_keys: list[bytes] = field(default_factory=list)  # chained keys of the full pages of `tokens`
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     cached_tokens: int | None = None  # prompt tokens served from the prefix cache at first admission
@@ -60,14 +60,11 @@ class Sequence:
     def pending(self) -> int:
         return len(self.tokens) - self.num_computed
 
-    def keys(self, num_pages: int, page_size: int) -> list[int]:
+    def keys(self, num_pages: int, page_size: int) -> list[bytes]:
         if len(self.page_keys) < num_pages:
             parent = self.page_keys[-1] if self.page_keys else None
             self.page_keys += chain_keys(self.tokens, page_size, parent, len(self.page_keys), num_pages)
         return self.page_keys[:num_pages]
-
-    def content(self, i: int, page_size: int) -> tuple:
-        return (self.page_keys[i - 1] if i else None, tuple(self.tokens[i * page_size:(i + 1) * page_size]))
 
 
 @dataclass
@@ -163,7 +160,7 @@ class Scheduler:
             if full > seq.num_registered:
                 keys = seq.keys(full, ps)
                 for i in range(seq.num_registered, full):
-                    self.pool.register(seq.pages[i], keys[i], seq.content(i, ps))
+                    self.pool.register(seq.pages[i], keys[i])
                 seq.num_registered = full
 
     # -- membership -----------------------------------------------------------------------------------
@@ -189,7 +186,7 @@ class Scheduler:
         ps = self.page_size
         usable = (len(seq.tokens) - 1) // ps  # the last token always runs, to give the next token's logits
         keys = seq.keys(usable, ps)
-        matched = self.pool.match(keys, [seq.content(i, ps) for i in range(usable)])
+        matched = self.pool.match(keys)
         if self.pool.pages_for(len(seq.tokens)) - len(matched) > self.pool.num_free:
             self.pool.release(matched)
             return False

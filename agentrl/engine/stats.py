@@ -24,6 +24,8 @@ class EngineStats:
     kv_released_bytes: int = 0  # live KV copied out at the last release
     graph_steps: int = 0  # decode steps replayed from a CUDA graph
     graph_captures: int = 0
+    idle_seconds: float = 0.0  # the engine thread had nothing to run (no requests, or the KV pool released)
+    paused_seconds: float = 0.0  # held off by pause(): optimizer steps and checkpoints
 
     @property
     def batch_occupancy(self) -> float:

@@ -50,6 +50,9 @@ class ModelConfig:
 @dataclass
 class RolloutConfig:
     environment: str = "gsm8k_math"
+    # Keyword arguments of the environment's load_environment, e.g. {few_shot: 2, format_bonus: 0.0};
+    # on the command line --rollout.env_args.few_shot=2.
+    env_args: dict[str, Any] = field(default_factory=dict)
     data: str | None = None  # a local json/jsonl path, "hub", or None for the environment's built-in data
     data_limit: int | None = None
     group_size: int = 8  # rollouts per prompt; advantages are normalised within a group
@@ -295,6 +298,17 @@ def _check_types(obj, section: str):
         setattr(obj, f.name, _coerce(getattr(obj, f.name), tp, where))
 
 
+def _scalar(value: Any, where: str) -> Any:
+    """A free-form value (environment arguments): YAML's reading of a command-line string, so `2` is an int."""
+    if isinstance(value, str):
+        import yaml
+
+        value = yaml.safe_load(value) if value.strip() else value
+    if not isinstance(value, (str, int, float, bool, type(None), list)):
+        raise ConfigError(f"{where}: expected a number, string, boolean or list, got {value!r}")
+    return value
+
+
 _TRUE, _FALSE, _NONE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}, {"none", "null", "~"}
 
 
@@ -315,6 +329,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if value not in args:
             raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(str, args))}")
         return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return {str(k): _scalar(v, f"{where}.{k}") for k, v in value.items()}
     if origin is tuple:
         items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)):

@@ -63,7 +63,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(cfg.seed)
-    env = load_environment(cfg.rollout.environment)
+    env = load_environment(cfg.rollout.environment, **cfg.rollout.env_args)
     dataset = env.load_dataset(split="train", path=cfg.rollout.data, limit=cfg.rollout.data_limit)
     model, tokenizer = load_model(cfg.model.name, dtype=_dtype(cfg.model.dtype, device), device=device)
     attn_implementation = _attention_implementation(cfg, model, device)
@@ -114,6 +114,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     last: dict = {}
     bar = _Progress(progress, cfg.steps, start_step)
     started = time.perf_counter()
+    engine_before = engine.stats
     try:
         for step in range(start_step, cfg.steps):
             t0 = time.perf_counter()
@@ -157,6 +158,9 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
                 prompts.consumed(group.prompt)
             train_seconds = time.perf_counter() - t_train
             step_seconds = time.perf_counter() - t0
+            engine_now = engine.stats
+            engine_step = _engine_step_metrics(engine_before, engine_now, step_seconds)
+            engine_before = engine_now
             last = {"step": step + 1, "loss": loss_total, "grad_norm": result.grad_norm, "lr": result.lr,
                     "skipped": result.skipped, "seconds": step_seconds, "wait_seconds": waited,
                     "train_seconds": train_seconds, "trained_tokens": batch.num_tokens,
@@ -164,8 +168,9 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
                     "generated_tokens": int(tokens.target_ids.numel()), "rows": n_rows,
                     "ready_groups": len(driver.pool), "ready_pool_age_s": driver.pool.oldest_age(),
                     "rollouts_in_flight": driver.stats.in_flight,
-                    **_merge(metrics_rows), **{f"rollout/{k}": v for k, v in summarize(trajectories).items()},
-                    **{f"engine/{k}": v for k, v in asdict(engine.stats).items()}}
+                    **engine_step, **_merge(metrics_rows),
+                    **{f"rollout/{k}": v for k, v in summarize(trajectories).items()},
+                    **{f"engine/{k}": v for k, v in asdict(engine_now).items()}}
             if step % cfg.checkpoint.log_every == 0 or step + 1 == cfg.steps:
                 log.write(last)
             bar.update(last)
@@ -208,6 +213,15 @@ def _attention_implementation(cfg: TrainConfig, model, device: str) -> str | Non
                                "(sm80 or newer); use flex_attention or sdpa here")
         register()  # transformers accepts only registered names
     return name
+
+
+def _engine_step_metrics(before, after, seconds: float) -> dict:
+    """What generation did during one trainer step: tokens/s, and the share of the step it sat idle (nothing to
+    run) or paused (held off by the optimizer step or a checkpoint)."""
+    seconds = max(seconds, 1e-9)
+    return {"generated_tokens_per_s": (after.generated_tokens - before.generated_tokens) / seconds,
+            "engine_idle_share": (after.idle_seconds - before.idle_seconds) / seconds,
+            "engine_paused_share": (after.paused_seconds - before.paused_seconds) / seconds}
 
 
 def _take(driver, n: int):

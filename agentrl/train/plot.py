@@ -10,7 +10,7 @@ PANELS = [
     ("reward", ["rollout/reward"]),
     ("tool-call rate", ["rollout/tool_call_rate"]),
     ("answer F1 / accuracy", ["rollout/answer_f1", "rollout/correct"]),
-    ("tokens / s", ["trained_tokens_per_s"]),
+    ("tokens / s", ["trained_tokens_per_s", "generated_tokens_per_s"]),
     ("loss", ["loss"]),
     ("seconds / step", ["seconds", "wait_seconds"]),
 ]
