@@ -15,6 +15,7 @@ MFU counts 6 x (non-embedding params + vocab x hidden) per token plus causal att
 mean context), over 790 TFLOP/s (the H200's measured bf16 dense peak, docs/anchors.md).
 
 usage: python benchmarks/train_step.py [--tokens 25000] [--steps 3] [--variants ckpt,nockpt+compile+varlen@1] [--profile]
+       variants: ckpt|nockpt[+compile[+mem<fraction>]][+varlen][@rows per micro-batch]
 """
 
 from __future__ import annotations
@@ -148,14 +149,26 @@ def parse_variant(variant: str) -> tuple[str, int | None]:
     """`kind@rows` -> (kind, rows per micro-batch or None for all rows), checked before any GPU time is spent."""
     kind, _, micro = variant.partition("@")
     parts = kind.split("+")
-    if parts[0] not in ("ckpt", "nockpt") or set(parts[1:]) - {"compile", "varlen"} or (micro and not micro.isdigit()):
-        raise SystemExit(f"variant {variant!r}: expected ckpt|nockpt[+compile][+varlen][@rows]")
+    budgets = [p for p in parts[1:] if p.startswith("mem")]
+    bad_budget = any(not _is_fraction(p[3:]) for p in budgets) or (budgets and "compile" not in parts)
+    if (parts[0] not in ("ckpt", "nockpt") or set(parts[1:]) - {"compile", "varlen", *budgets} or bad_budget
+            or (micro and not micro.isdigit())):
+        raise SystemExit(f"variant {variant!r}: expected ckpt|nockpt[+compile[+mem<fraction>]][+varlen][@rows]")
     return kind, int(micro) if micro else None
+
+
+def _is_fraction(text: str) -> bool:
+    try:
+        return 0 < float(text) <= 1
+    except ValueError:
+        return False
 
 
 def set_variant(model, variant: str):
     """`ckpt` (full activation checkpointing) or `nockpt`; `+compile` compiles every decoder layer as the trainer
-    does; `+varlen` swaps flex_attention for flash varlen attention over the flat layout."""
+    does; `+mem<f>` gives the compiled layers' forward/backward split an activation memory budget `f` (its
+    partitioner then recomputes the cheapest activations in the backward instead of saving them); `+varlen` swaps
+    flex_attention for flash varlen attention over the flat layout."""
     from agentrl.engine.model_view import compile_decoder_layers
     from agentrl.train.varlen_attention import register
 
@@ -170,6 +183,9 @@ def set_variant(model, variant: str):
     for layer in model.model.layers:
         layer._compiled_call_impl = None
     torch._dynamo.reset()
+    from torch._functorch import config as functorch_config
+
+    functorch_config.activation_memory_budget = next((float(p[3:]) for p in parts if p.startswith("mem")), 1.0)
     if "compile" in parts:
         compile_decoder_layers(model)
 

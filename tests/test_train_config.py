@@ -39,7 +39,8 @@ def test_yaml_then_overrides(tmp_path):
         "--loss.max_staleness=2", "--model.attn_implementation=none", "--optim.betas=0.8,0.9",
         "--checkpoint.run_dir=runs/x", "--model.compile_layers=false",
     ])
-    assert cfg.model.compile_layers is False and TrainConfig().model.compile_layers is None  # None: on with CUDA
+    assert cfg.model.compile_layers is False and TrainConfig().model.compile_layers is False
+    assert TrainConfig().engine.compile is False  # see model.compile_layers: compiled in the loop, runs stalled
     assert cfg.steps == 7 and cfg.optim.lr == 3e-5 and cfg.loss.tis_cap == 4.0
     assert cfg.model.gradient_checkpointing is True and cfg.loss.max_staleness == 2
     assert cfg.model.attn_implementation is None and cfg.optim.betas == (0.8, 0.9)
@@ -63,6 +64,7 @@ def test_round_trip_through_yaml(tmp_path):
     (["--steps=2.5"], "steps: expected an integer"),
     (["--model.gradient_checkpointing=maybe"], "expected true or false"),
     (["--model.compile_layers=sometimes"], "model.compile_layers: expected true or false"),
+    (["--model.activation_memory_budget=0"], "model.activation_memory_budget: must be in (0, 1]"),
     (["--row_tokens=1024"], "row_tokens: 1024 is below rollout.max_sample_tokens (4096)"),
     (["--loss.clip_eps_high=0.3"], "loss.clip_eps_high: is dapo's asymmetric clip; grpo clips symmetrically"),
     (["--loss.tis_cap=0.5"], "loss.tis_cap: must be >= 1"),

@@ -35,9 +35,14 @@ class ModelConfig:
     # agentrl.train.varlen_attention) for bf16/fp16 models, dense or hybrid with hybrid_varlen, else flex_attention.
     attn_implementation: str | None = None
     gradient_checkpointing: bool = False
-    # torch.compile each decoder layer (None: on GPU). Measured on an H200, Qwen3-0.6B shape, one 8192-token row
-    # per micro-batch: 0.44 s/step compiled against 0.84 s eager.
-    compile_layers: bool | None = None
+    # torch.compile each decoder layer. Measured on an H200, Qwen3-0.6B shape, one 8192-token row per micro-batch:
+    # 0.44 s/step compiled against 0.84 s eager (benchmarks/train_step.py, the trainer alone). Off by default: the
+    # two SmolLM2 runs that compiled the trainer's layers and the engine's view together (they share the layers'
+    # code objects and dynamo's cache, from two threads) stalled after their first step; eager runs did not.
+    compile_layers: bool = False
+    # With compile_layers: the activation memory budget (0, 1] of each compiled layer's forward/backward split;
+    # below 1 the partitioner recomputes the cheapest activations in the backward instead of saving them.
+    activation_memory_budget: float = 1.0
     # Hybrid (linear-attention) models: pass sample boundaries to varlen kernels (flash-linear-attention) instead
     # of running each sample on its own; the loop verifies the kernels honour them before the first step.
     hybrid_varlen: bool = False
@@ -45,6 +50,7 @@ class ModelConfig:
     def __post_init__(self):
         _check_types(self, "model")
         _require(bool(self.name), "model.name", "must not be empty")
+        _require(0 < self.activation_memory_budget <= 1, "model.activation_memory_budget", "must be in (0, 1]")
 
 
 @dataclass
@@ -88,6 +94,10 @@ class EngineOptions:
     max_tokens_per_step: int = 1024
     enable_prefix_cache: bool = True
     kv_on_update: Literal["keep", "recompute"] = "keep"
+    cuda_graphs: bool = True
+    # torch.compile the engine view's decoder layers. Off in training for the reason given at model.compile_layers
+    # (the standalone engine and `agentrl eval` compile on CUDA by default).
+    compile: bool = False
 
     def __post_init__(self):
         _check_types(self, "engine")

@@ -81,7 +81,10 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     fmt = ChatFormat(tokenizer, env.tools())
     engine = Engine(model, EngineConfig(**asdict(cfg.engine), max_model_len=cfg.rollout.max_sample_tokens,
                                         eos_token_ids=tuple(fmt.eos_token_ids), seed=cfg.seed), tokenizer=tokenizer)
-    if cfg.model.compile_layers if cfg.model.compile_layers is not None else device == "cuda":
+    if cfg.model.compile_layers:
+        from torch._functorch import config as functorch_config
+
+        functorch_config.activation_memory_budget = cfg.model.activation_memory_budget
         compile_decoder_layers(model)  # the engine's view is a copy made above, with compiled layers of its own
     prompts = PromptIterator(dataset, seed=cfg.seed)
     optimizer = build_optimizer(model, cfg.optim)
