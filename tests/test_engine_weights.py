@@ -124,3 +124,23 @@ def test_background_generation_alongside_training_on_the_same_module():
     for i, ref in zip(ids, reference):
         torch.testing.assert_close(torch.tensor(got[i].logprobs), torch.tensor(ref.logprobs), atol=1e-5, rtol=0)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_background_engine_counts_its_idle_and_paused_time():
+    import time
+
+    model = load_model("tiny-qwen3")[0]
+    engine = Engine(model, EngineConfig(num_pages=16))
+    engine.start()
+    try:
+        time.sleep(0.3)  # nothing submitted: the thread waits for work
+        idle = engine.stats.idle_seconds
+        assert 0.2 <= idle <= 0.5 and engine.stats.paused_seconds == 0
+        with engine.pause():
+            time.sleep(0.2)
+        assert 0.2 <= engine.stats.paused_seconds < 0.4
+        rid = engine.submit(random_prompts(1, 5, 40, seed=3)[0], GREEDY)
+        assert engine.get_completion(timeout=30).request_id == rid
+    finally:
+        engine.stop()
+    assert engine.stats.generated_tokens == GREEDY.max_new_tokens
