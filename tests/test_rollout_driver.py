@@ -453,3 +453,44 @@ def test_a_group_whose_members_finish_together_is_emitted_once(echo):
     ids = [g.group_id for g in groups]
     assert len(ids) == len(set(ids)) == 10
     assert all(len(g.trajectories) == 4 for g in groups)
+
+
+def test_a_failed_background_engine_fails_the_driver_and_the_trainer_instead_of_hanging(echo):
+    import threading
+
+    from agentrl.train.loop import _take
+
+    engine = echo.engine()
+    real_launch, calls = engine._launch, []
+
+    def launch(batch, version):
+        calls.append(1)
+        if len(calls) == 5:
+            raise OSError("device lost mid-step")
+        return real_launch(batch, version)
+
+    engine._launch = launch
+    config = RolloutConfig(rollouts_in_flight=8, temperature=0.0, max_turns=2, max_tokens_per_turn=32)
+    driver = RolloutDriver(echo.env, engine, echo.fmt, PromptIterator(echo.samples, max_epochs=1), config)
+    engine.start()
+    driver.start()
+    failure: list[BaseException] = []
+
+    def trainer():
+        try:
+            _take(driver, 1000)  # more than will ever be ready: only a failure ends this wait
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=trainer, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    engine.stop()
+    assert failure, "the trainer was still waiting 60 s after the engine thread died"
+    driver.stop()  # only now: a driver still waiting on the dead engine would never stop
+    chain, exc = [], failure[0]
+    while exc is not None:
+        chain.append(exc)
+        exc = exc.__cause__
+    assert isinstance(chain[-1], OSError) and "device lost" in str(chain[-1])
+    assert any("engine thread failed" in str(e) for e in chain)

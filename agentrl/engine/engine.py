@@ -160,7 +160,7 @@ class Engine:
             with cond:
                 while len(done) < len(ids):
                     cond.wait(0.1)
-                    self._raise_if_failed()
+                    self.check()
             return [done[i] for i in ids]
         ids = [self.submit(p, s) for p, s in zip(prompts, params)]
         wanted, done = set(ids), {}
@@ -374,7 +374,9 @@ class Engine:
             self._error = exc
             self._results.put(exc)
 
-    def _raise_if_failed(self) -> None:
+    def check(self) -> None:
+        """Raise if the background thread failed (with its exception as the cause). Whoever waits on requests
+        submitted with a callback must call this now and then: a dead thread calls no callback again."""
         if self._error is not None:
             raise RuntimeError("the engine thread failed") from self._error
 

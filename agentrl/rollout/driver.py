@@ -149,11 +149,17 @@ class RolloutDriver:
                 if pump in done:
                     pump.result()  # an engine step failed: raise it here rather than leave rollouts waiting
                 tasks -= done
+                # A failing rollout (a bug, or a dead engine) surfaces here. Every failed task's exception is
+                # retrieved first: one never retrieved is logged with its traceback when the task is collected,
+                # from whichever thread collects it.
+                errors = [task.exception() for task in done if task.exception() is not None]
+                if errors:
+                    raise errors[0]
                 # Several members of one group can finish in the same wait: each returns the group, complete by
                 # then, and it must still be scored and emitted once.
                 finished = {}
                 for task in done:
-                    group = task.result()  # a failing rollout is a bug in the project: let it surface
+                    group = task.result()
                     finished[group.group_id] = group
                 for group in finished.values():
                     if group.complete:
@@ -162,6 +168,7 @@ class RolloutDriver:
         finally:
             for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # settled, so none is logged when collected
             if pump is not None:
                 self._pump_stop = True
                 await pump
@@ -192,7 +199,13 @@ class RolloutDriver:
 
         request_id = self.engine.submit(ids, sampling, callback=deliver)
         try:
-            return await future
+            while True:
+                try:
+                    return await asyncio.wait_for(asyncio.shield(future), timeout=1.0)
+                except asyncio.TimeoutError:
+                    # A failed engine thread never delivers: fail this rollout (and so the driver) with its error
+                    # rather than waiting forever.
+                    self.engine.check()
         except asyncio.CancelledError:
             self.engine.cancel(request_id)  # a stopped driver hands its engine back with nothing left decoding
             raise

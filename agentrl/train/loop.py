@@ -232,7 +232,9 @@ def _take(driver, n: int):
         groups = driver.pool.take(n, timeout=1.0)
         if groups:
             return groups
-        driver.check()  # a failed driver would otherwise leave the trainer waiting forever
+        # A failed driver or engine thread would otherwise leave the trainer waiting forever.
+        driver.check()
+        driver.engine.check()
 
 
 def _merge(rows: list[dict]) -> dict:
