@@ -36,14 +36,18 @@ def _eval(argv: list[str]) -> int:
 
 
 def _env_args(parser: argparse.ArgumentParser, items: list[str]) -> dict:
-    import yaml
+    """`KEY=VALUE` items, each value read as the train config reads `rollout.env_args` (so `2` is an int)."""
+    from agentrl.train.config import ConfigError, parse_value
 
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             parser.error(f"--env-arg {item!r}: expected KEY=VALUE")
-        out[key] = yaml.safe_load(value) if value.strip() else value
+        try:
+            out[key] = parse_value(value, f"--env-arg {key}")
+        except ConfigError as exc:
+            parser.error(str(exc))
     return out
 
 

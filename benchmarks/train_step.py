@@ -183,11 +183,9 @@ def set_variant(model, variant: str):
     for layer in model.model.layers:
         layer._compiled_call_impl = None
     torch._dynamo.reset()
-    from torch._functorch import config as functorch_config
-
-    functorch_config.activation_memory_budget = next((float(p[3:]) for p in parts if p.startswith("mem")), 1.0)
     if "compile" in parts:
-        compile_decoder_layers(model)
+        budget = next((float(p[3:]) for p in parts if p.startswith("mem")), 1.0)
+        compile_decoder_layers(model, activation_memory_budget=budget)
 
 
 def varlen_check(model, batch) -> str:

@@ -96,7 +96,7 @@ def model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
     raise ValueError("the model has no floating-point parameters")
 
 
-def compile_decoder_layers(model: nn.Module, **options) -> int:
+def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | None = None, **options) -> int:
     """`torch.compile` every decoder layer of `model` on its own (`options` go to `Module.compile`); returns the
     number compiled. The engine compiles its view's layers (the norms, rotary embedding, SwiGLU and residual adds
     fuse into a few kernels instead of ~40 small launches a layer, a third of a 512-row decode step; paged
@@ -105,7 +105,15 @@ def compile_decoder_layers(model: nn.Module, **options) -> int:
 
     The layers of every copy of a model class share their code objects and dynamo's one cache per frame: the
     trainer's entries plus the engine's exceeded the default limit of 8 on transformers' shared wrapper frames
-    (measured on CPU), and a frame past the limit runs eagerly from then on, with all it calls; hence 64."""
+    (measured on CPU), and a frame past the limit runs eagerly from then on, with all it calls; hence 64.
+
+    `activation_memory_budget` (training only; a process-wide functorch setting read when the backward is
+    partitioned): below 1 the compiled layers recompute their cheapest activations in the backward instead of
+    saving them."""
+    if activation_memory_budget is not None:
+        from torch._functorch import config as functorch_config
+
+        functorch_config.activation_memory_budget = activation_memory_budget
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), 64))

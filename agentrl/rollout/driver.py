@@ -113,7 +113,9 @@ class RolloutDriver:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(self.config.tool_workers, thread_name_prefix="agentrl-tool"))
         self._pump_stop = False
-        pump = None if self.engine.running_in_background else asyncio.create_task(self._pump())
+        # Either the driver steps the engine itself, or it watches the engine's own thread: a thread that died never
+        # calls back, and without the watch every rollout (and the trainer behind them) would wait forever.
+        pump = asyncio.create_task(self._watch() if self.engine.running_in_background else self._pump())
         pending: list[Group] = []  # one entry per group member not yet started
         tasks: set[asyncio.Task] = set()
         groups_started = 0
@@ -144,15 +146,14 @@ class RolloutDriver:
                         await asyncio.sleep(0.005)
                         continue
                     break
-                watched = tasks | {pump} if pump is not None else tasks
-                done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(tasks | {pump}, return_when=asyncio.FIRST_COMPLETED)
                 if pump in done:
-                    pump.result()  # an engine step failed: raise it here rather than leave rollouts waiting
+                    pump.result()  # the engine failed: raise it here rather than leave rollouts waiting
                 tasks -= done
-                # A failing rollout (a bug, or a dead engine) surfaces here. Every failed task's exception is
-                # retrieved first: one never retrieved is logged with its traceback when the task is collected,
-                # from whichever thread collects it.
-                errors = [task.exception() for task in done if task.exception() is not None]
+                # A failing rollout is a bug: it surfaces here. Every failed task's exception is retrieved first,
+                # as one never retrieved is logged with its traceback whenever (and on whichever thread) the task
+                # is collected.
+                errors = [e for e in (task.exception() for task in done) if e is not None]
                 if errors:
                     raise errors[0]
                 # Several members of one group can finish in the same wait: each returns the group, complete by
@@ -169,9 +170,8 @@ class RolloutDriver:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)  # settled, so none is logged when collected
-            if pump is not None:
-                self._pump_stop = True
-                await pump
+            self._pump_stop = True
+            await pump
 
     def _pool_full(self) -> bool:
         limit = self.config.max_ready_samples
@@ -187,6 +187,12 @@ class RolloutDriver:
                 else:
                     await asyncio.sleep(0.001)
 
+    async def _watch(self) -> None:
+        """Raise the background engine thread's failure (checked twice a second) until the driver stops."""
+        while not self._pump_stop:
+            self.engine.check()
+            await asyncio.sleep(0.5)
+
     async def _generate(self, ids: list[int], sampling: SamplingParams) -> Completion:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
@@ -199,13 +205,7 @@ class RolloutDriver:
 
         request_id = self.engine.submit(ids, sampling, callback=deliver)
         try:
-            while True:
-                try:
-                    return await asyncio.wait_for(asyncio.shield(future), timeout=1.0)
-                except asyncio.TimeoutError:
-                    # A failed engine thread never delivers: fail this rollout (and so the driver) with its error
-                    # rather than waiting forever.
-                    self.engine.check()
+            return await future
         except asyncio.CancelledError:
             self.engine.cancel(request_id)  # a stopped driver hands its engine back with nothing left decoding
             raise

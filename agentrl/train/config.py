@@ -308,7 +308,7 @@ def _check_types(obj, section: str):
         setattr(obj, f.name, _coerce(getattr(obj, f.name), tp, where))
 
 
-def _scalar(value: Any, where: str) -> Any:
+def parse_value(value: Any, where: str) -> Any:
     """A free-form value (environment arguments): YAML's reading of a command-line string, so `2` is an int."""
     if isinstance(value, str):
         import yaml
@@ -342,7 +342,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return {str(k): _scalar(v, f"{where}.{k}") for k, v in value.items()}
+        return {str(k): parse_value(v, f"{where}.{k}") for k, v in value.items()}
     if origin is tuple:
         items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)):

@@ -81,11 +81,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     fmt = ChatFormat(tokenizer, env.tools())
     engine = Engine(model, EngineConfig(**asdict(cfg.engine), max_model_len=cfg.rollout.max_sample_tokens,
                                         eos_token_ids=tuple(fmt.eos_token_ids), seed=cfg.seed), tokenizer=tokenizer)
-    if cfg.model.compile_layers:
-        from torch._functorch import config as functorch_config
-
-        functorch_config.activation_memory_budget = cfg.model.activation_memory_budget
-        compile_decoder_layers(model)  # the engine's view is a copy made above, with compiled layers of its own
+    if cfg.model.compile_layers:  # the engine's view is a copy made above, with compiled layers of its own
+        compile_decoder_layers(model, activation_memory_budget=cfg.model.activation_memory_budget)
     prompts = PromptIterator(dataset, seed=cfg.seed)
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.steps)
