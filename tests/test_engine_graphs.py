@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from agentrl.engine import Engine, EngineConfig, SamplingParams, attention
-from agentrl.engine.cuda_graphs import DecodeGraphs, batch_buckets
+from agentrl.engine.cuda_graphs import DecodeGraphs, MixedGraphs, batch_buckets, token_buckets
 from agentrl.engine.sampler import Sampler, uniform_bits
 from agentrl.engine.scheduler import Scheduled, Sequence
 from agentrl.models import load_model
@@ -37,7 +37,8 @@ def binding(engine):
     return engine.storage.kv.data_ptr(), tuple(p.data_ptr() for p in engine.view.parameters())
 
 
-def graph_engine(model, log: list | None = None, **overrides) -> Engine:
+def graph_engine(model, log: list | None = None, mixed: bool = False, **overrides) -> Engine:
+    """An engine whose decode steps (and with `mixed`, steps that prefill) replay stand-in graphs."""
     engine = Engine(model, EngineConfig(**{**CONFIG, **overrides}))
     log = [] if log is None else log
 
@@ -52,6 +53,8 @@ def graph_engine(model, log: list | None = None, **overrides) -> Engine:
         return replay
 
     engine.graphs = DecodeGraphs.for_engine(engine, capture=capture)
+    if mixed:
+        engine.mixed_graphs = MixedGraphs(engine, capture=capture)
     return engine
 
 
@@ -102,6 +105,68 @@ def test_graph_decode_matches_eager(model):
     assert stats.graph_steps > 0 and stats.graph_captures == 5 and engine.graphs.captured == [1, 2, 4, 8, 16]
     assert len({bucket for bucket, _ in seen}) >= 3  # the batch drained through several buckets
     assert any(live < bucket for bucket, live in seen)  # padding rows were exercised
+
+
+def two_turns(engine, prompts, params, tool_tokens):
+    """Turn 1, then every conversation resubmitted with its completion and a few more tokens: the second turn's
+    prompts are chunks after a cached prefix."""
+    first = engine.generate(prompts, params)
+    again = [p + o.token_ids + t for p, o, t in zip(prompts, first, tool_tokens)]
+    return first + engine.generate(again, params)
+
+
+def test_mixed_step_graphs_match_eager(model):
+    config = dict(max_tokens_per_step=200)
+    prompts = random_prompts(12, 3, 90, seed=7)
+    params = [MIXED[i % 3] for i in range(len(prompts))]
+    tools = random_prompts(12, 1, 30, seed=8)
+    reference = two_turns(Engine(model, EngineConfig(**{**CONFIG, **config})), prompts, params, tools)
+    engine = graph_engine(model, mixed=True, **config)
+    seen = []
+    graphs = engine.mixed_graphs
+    original = graphs._capture
+
+    def capture(bucket):
+        replay = original(bucket)
+
+        def checked():  # the static buffers as a replay sees them
+            qsl = graphs.query_start_loc[:graphs.seqs(bucket) + 1]
+            tokens, live = int(qsl[-1]), int((graphs.seq_lens > 0).sum())
+            assert tokens <= bucket and (graphs.slots[tokens:bucket] == -1).all()
+            assert (qsl[live:] == tokens).all() and (graphs.seq_lens[live:] == 0).all()
+            tiles = graphs.tiles[:graphs.table_rows(bucket)]
+            lens = (qsl[1:] - qsl[:-1]).tolist()
+            used = tiles[tiles[:, 0] >= 0]
+            assert sorted(map(tuple, used.tolist())) == sorted(
+                (s, t) for s, n in enumerate(lens) if n > 1 for t in range(-(-n // graphs.tokens_per_tile)))
+            seen.append((bucket, tokens, live, int(sum(n == 1 for n in lens[:live]))))
+            return replay()
+
+        graphs._graphs[bucket] = checked
+        return checked
+
+    graphs._capture = capture
+    outs = two_turns(engine, prompts, params, tools)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
+    for out, ref in zip(outs, reference):
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref.logprobs), atol=1e-4, rtol=0)
+    stats = engine.stats
+    assert stats.mixed_graph_steps == len(seen) > 0 and stats.graph_steps > 0
+    assert len({bucket for bucket, *_ in seen}) >= 2 and set(graphs.captured) <= set(token_buckets(200))
+    assert any(tokens < bucket for bucket, tokens, *_ in seen)  # padded token rows
+    assert any(decodes and decodes < live for *_, live, decodes in seen)  # decodes beside chunks in one replay
+    assert sum(o.cached_tokens for o in outs[len(prompts):]) > 0  # turn 2 prefilled after cached prefixes
+
+
+def test_tile_table():
+    # sequences: a decode, a 5-token prompt, a 20-token chunk after 40 cached tokens, a 1-token chunk
+    table = attention.tile_table([1, 5, 20, 1], [31, 5, 60, 9], tokens_per_tile=8, capacity=7)
+    # tiles of sequence 2 see 48, 56 and 60 keys, sequence 1's only tile 5: most keys first, then empty rows
+    assert table.tolist() == [[2, 2], [2, 1], [2, 0], [1, 0], [-1, 0], [-1, 0], [-1, 0]]
+    with pytest.raises(ValueError, match="exceed"):
+        attention.tile_table([1, 5, 20, 1], [31, 5, 60, 9], tokens_per_tile=8, capacity=3)
+    assert token_buckets(1024) == (64, 128, 256, 512, 1024) and token_buckets(200) == (64, 128, 200)
+    assert token_buckets(64) == (64,) and token_buckets(10) == (10,)
 
 
 def test_release_restore_recaptures_only_when_the_pool_moves(model):
@@ -245,13 +310,13 @@ params = [params[i % 2] for i in range(len(prompts))]
 ref = Engine(model, EngineConfig(**CONFIG)).generate(prompts, params)
 eager = Engine(model, EngineConfig(**CONFIG, attention_backend="triton"))
 assert isinstance(eager.backend, TritonPagedAttention)
-graphs = graph_engine(model, attention_backend="triton")
+graphs = graph_engine(model, attention_backend="triton", mixed=True)
 for engine in (eager, graphs):
     outs = engine.generate(prompts, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref], "tokens differ from the torch backend"
     err = max(abs(a - b) for o, r in zip(outs, ref) for a, b in zip(o.logprobs, r.logprobs))
     assert err < 1e-4, err
-assert graphs.stats.graph_steps > 0
+assert graphs.stats.graph_steps > 0 and graphs.stats.mixed_graph_steps > 0
 print("ok")
 """
 

@@ -179,6 +179,24 @@ def test_mixed_batch_split_dispatch(num_splits):
 
 
 @in_interpreter
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_tile_table_step_as_a_captured_mixed_step_runs_it(num_splits):
+    """The launch a mixed-step graph makes: decodes and chunks in any order, then sequence rows with no query
+    (padding) and token rows no sequence owns; the decode kernel keeps the one-token queries, the table's tiles
+    cover the rest, and nothing is read for the padding."""
+    from agentrl.engine.attention import tile_table
+    lens, q_lens = [40, 23, 1, 64, 5, 0, 0], [1, 23, 1, 10, 1, 0, 0]
+    q, k_cache, v_cache, block_tables, seq_lens, qsl = make_batch(lens, q_lens, 4, 2, 64, seed=4)
+    config = {"block_m": 16, "block_n": 16}
+    table = tile_table(q_lens, lens, ta.tokens_per_tile(4, 2, 64, config), capacity=12)
+    q_padded = torch.cat([q, torch.randn(6, 4, 64)])  # token rows past the step's
+    out = ta.paged_attention(q_padded, k_cache, v_cache, block_tables, seq_lens, qsl, None,
+                             tile_table=torch.from_numpy(table), max_seq_len=64, num_splits=num_splits, config=config)
+    ref = ta.reference_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, None)
+    assert (out[:q.shape[0]] - ref).abs().max() < 1e-4
+
+
+@in_interpreter
 def test_out_buffer_and_strided_query():
     q, k_cache, v_cache, block_tables, seq_lens, qsl = make_batch([10, 21], [4, 21], 4, 2, 64)
     q_strided = q.transpose(0, 1).contiguous().transpose(0, 1)  # [T, H, D] with head-major storage

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -58,6 +58,7 @@ class StepMetadata:
     plan: object = field(default=None, repr=False)  # backend-specific, built by prepare()
     static: bool = False
     decode_splits: int | None = None
+    tile_table: torch.Tensor | None = None  # a captured mixed step's prefill tiles (see `tile_table`)
 
     @property
     def num_seqs(self) -> int:
@@ -126,6 +127,26 @@ def layout_step(batch, page_size: int, pad_to: int | None = None) -> HostStep:
     return HostStep(parts, starts, lens, ctx[:len(batch)], width, nd)
 
 
+def tile_table(lens, ctx, tokens_per_tile: int, capacity: int) -> np.ndarray:
+    """The prefill kernel's work list for a mixed step of fixed grid: one row (sequence, tile) per tile of
+    `tokens_per_tile` query tokens of every sequence with more than one query token (those of one token go to
+    the decode kernel), tiles that see the most keys first (they take longest, so starting them first evens
+    the tail), then rows (-1, 0) up to `capacity`."""
+    lens, ctx = np.asarray(lens, dtype=np.int64), np.asarray(ctx, dtype=np.int64)
+    chunks = np.flatnonzero(lens > 1)
+    count = -(-lens[chunks] // tokens_per_tile)
+    seq = np.repeat(chunks, count)
+    tile = np.arange(seq.size) - np.repeat(np.cumsum(count) - count, count)
+    keys = ctx[seq] - lens[seq] + np.minimum((tile + 1) * tokens_per_tile, lens[seq])
+    order = np.argsort(-keys, kind="stable")
+    if seq.size > capacity:
+        raise ValueError(f"{seq.size} prefill tiles exceed the table's {capacity} rows")
+    table = np.full((capacity, 2), -1, dtype=np.int64)
+    table[:, 1] = 0
+    table[:seq.size, 0], table[:seq.size, 1] = seq[order], tile[order]
+    return table
+
+
 def upload(parts: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
     """Every part in one (pinned, on CUDA) host buffer and one copy; returns the device views by name.
 
@@ -177,6 +198,11 @@ class AttentionBackend:
         A captured graph pins the count chosen for its bucket at the longest context."""
         return None
 
+    def tokens_per_tile(self, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
+        """Query tokens per row of a mixed step's tile table (the reference backend reads the layout itself, so
+        any tiling serves it)."""
+        return 64
+
     def write_kv(self, key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  meta: StepMetadata) -> None:
         raise NotImplementedError
@@ -202,6 +228,17 @@ class TorchPagedAttention(AttentionBackend):
     """
 
     def prepare(self, meta: StepMetadata) -> None:
+        if meta.static and meta.tile_table is not None:
+            # A mixed step's layout is in its tensors only: read it back (a sync, fine for this CPU check path).
+            qsl, ctx = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+            lens = [b - a for a, b in zip(qsl, qsl[1:])]
+            live = [i for i, n in enumerate(lens) if n]
+            host = replace(meta, host_query_start=[qsl[i] for i in live], host_query_lens=[lens[i] for i in live],
+                           host_seq_lens=[ctx[i] for i in live], block_tables=meta.block_tables[live],
+                           static=False, tile_table=None)
+            self.prepare(host)
+            meta.plan = host.plan
+            return
         if meta.static:
             meta.plan = self._static_plan(meta)
             return

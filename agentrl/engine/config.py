@@ -29,7 +29,8 @@ class EngineConfig:
     Triton backend only; see `agentrl.engine.cuda_graphs`). The graphs read the parameters by address, so
     they stay valid across optimizer steps that update parameters in place, which is what the engine
     requires anyway (the view shares the training tensors); a re-assigned parameter is noticed and the
-    graphs are captured again.
+    graphs are captured again. With `mixed_step_graphs`, steps that prefill replay graphs too, one per token
+    bucket (powers of two up to `max_tokens_per_step`), captured on first use.
     `overlap`: queue step n+1 on the device before waiting for step n's sampled tokens (they reach step n+1 on
     the device), so host bookkeeping and scheduling run while the device computes. Off: each step is waited for
     before the next is scheduled. Outputs are identical either way.
@@ -51,6 +52,7 @@ class EngineConfig:
     kv_on_update: str = "keep"
     attention_backend: str = "auto"
     cuda_graphs: bool = True
+    mixed_step_graphs: bool = True
     overlap: bool = True
     compile: bool | None = None
 

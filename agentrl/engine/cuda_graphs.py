@@ -1,6 +1,8 @@
-"""CUDA graphs for pure-decode steps: one replay instead of a Python walk over every layer.
+"""CUDA graphs for engine steps: one replay instead of a Python walk over every layer. `DecodeGraphs` serve
+pure-decode steps per batch-size bucket; `MixedGraphs` (at the bottom) serve steps that prefill, per token
+bucket.
 
-What a graph holds: the model view's whole forward over a padded decode batch of `bucket` rows, lm_head
+What a decode graph holds: the model view's whole forward over a padded decode batch of `bucket` rows, lm_head
 included (logits `[bucket, vocab]`). Sampling runs after the replay, eagerly, on the first `n` rows: it is
 a few batched ops whose knobs (which truncations run) vary per step. Mixed prefill + decode steps run
 eagerly.
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
 import torch
 
 from agentrl.engine import attention
@@ -94,33 +97,80 @@ def cuda_capture(fn, pool):
     return replay
 
 
-class DecodeGraphs:
-    def __init__(self, view, backend, storage, layer_slot: dict[int, int], geometry, page_size: int,
-                 max_num_seqs: int, max_model_len: int, device: torch.device, capture=None):
-        self.view, self.backend, self.storage, self.layer_slot = view, backend, storage, layer_slot
-        self.geometry, self.page_size, self.device = geometry, page_size, device
-        self.max_model_len = max_model_len
-        self.buckets = batch_buckets(max_num_seqs)
+class _GraphSet:
+    """What decode and mixed-step graphs share: the engine's parts, one memory pool, the addresses the graphs
+    were captured against, and the capture function."""
+
+    def __init__(self, engine, capture=None):
+        self.view, self.backend, self.storage = engine.view, engine.backend, engine.storage
+        self.layer_slot, self.geometry = engine._layer_slot, engine.geometry
+        self.page_size, self.device, self.max_model_len = engine.pool.page_size, engine.device, engine.max_model_len
         self._capture_fn = capture or cuda_capture
-        top, width = self.buckets[-1], -(-max_model_len // page_size)
+        self._tensors = list(self.view.parameters()) + list(self.view.buffers())
+        self._graphs: dict[int, object] = {}  # bucket -> replay
+        self._binding: tuple | None = None
+        self._pool = None
+        self.captures = 0  # graphs captured, re-captures included
+        self.replays = 0
+
+    @property
+    def captured(self) -> list[int]:
+        return sorted(self._graphs)
+
+    def invalidate(self) -> None:
+        """Drop every graph (and with them their memory pool); the next use captures again."""
+        self._graphs.clear()
+        self._pool = None
+
+    def _check_binding(self) -> None:
+        """Graphs hold the addresses of the KV pool and of every parameter and buffer: if one moved (a restored
+        pool at a new address, a re-assigned parameter), the graphs would read stale memory."""
+        binding = (self.storage.kv.data_ptr(), tuple(t.data_ptr() for t in self._tensors))
+        if binding != self._binding:
+            if self._graphs:
+                self.invalidate()
+            self._binding = binding
+
+    def _replay(self, bucket: int, fill: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Copy the step into the static buffers (`fill`: buffer -> its rows, sliced from the step's upload),
+        then replay the bucket's graph, capturing it first if needed."""
+        self._check_binding()
+        replay = self._graphs.get(bucket) or self._capture(bucket)
+        for buffer, rows in fill.items():
+            buffer[:rows.shape[0]].copy_(rows)
+        out = replay()
+        self.replays += 1
+        return out
+
+    def _store(self, bucket: int, forward) -> object:
+        if self._pool is None and self.device.type == "cuda":
+            self._pool = torch.cuda.graph_pool_handle()
+        replay = self._capture_fn(forward, self._pool)
+        self._graphs[bucket] = replay
+        self.captures += 1
+        return replay
+
+    def _capture(self, bucket: int):
+        raise NotImplementedError
+
+
+class DecodeGraphs(_GraphSet):
+    def __init__(self, engine, capture=None):
+        super().__init__(engine, capture)
+        self.buckets = batch_buckets(engine.config.max_num_seqs)
+        top, width = self.buckets[-1], -(-self.max_model_len // self.page_size)
+        device = self.device
         self.ids = torch.zeros(top, dtype=torch.long, device=device)
         self.pos = torch.zeros(top, dtype=torch.long, device=device)
         self.slots = torch.full((top,), -1, dtype=torch.long, device=device)
         self.seq_lens = torch.zeros(top, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(top, width, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)
-        self._tensors = list(view.parameters()) + list(view.buffers())
-        self._graphs: dict[int, object] = {}  # bucket -> replay
-        self._binding: tuple | None = None
-        self._pool = None
         self._warm = False
-        self.captures = 0  # graphs captured, re-captures included
-        self.replays = 0
 
     @classmethod
     def for_engine(cls, engine, capture=None) -> "DecodeGraphs":
-        return cls(engine.view, engine.backend, engine.storage, engine._layer_slot, engine.geometry,
-                   engine.pool.page_size, engine.config.max_num_seqs, engine.max_model_len, engine.device, capture)
+        return cls(engine, capture)
 
     # -- choosing ------------------------------------------------------------------------------------
     def accepts(self, batch) -> bool:
@@ -130,10 +180,6 @@ class DecodeGraphs:
     def bucket(self, n: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, n)]
 
-    @property
-    def captured(self) -> list[int]:
-        return sorted(self._graphs)
-
     # -- running -------------------------------------------------------------------------------------
     def run(self, batch, extra: dict, previous: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Replay the step's graph. `extra` holds more host parts for the step's one upload (the sampler's
@@ -142,20 +188,14 @@ class DecodeGraphs:
         n = len(batch)
         bucket = self.bucket(n)
         host = attention.layout_step(batch, self.page_size, pad_to=bucket)
-        self._check_binding()
         if not self._warm:
             self.warmup()
-        replay = self._graphs.get(bucket) or self._capture(bucket)
         parts = {name: host.parts[name] for name in ("ids", "pos", "slots", "ctx", "tables")}
         dev = attention.upload({**parts, **extra}, self.device)
+        self.block_tables[:n, :host.width].copy_(dev["tables"].view(n, host.width))
         self.ids[:bucket].copy_(dev["ids"])
         fill_placeholders(self.ids, dev, previous)
-        self.pos[:bucket].copy_(dev["pos"])
-        self.slots[:bucket].copy_(dev["slots"])
-        self.seq_lens[:bucket].copy_(dev["ctx"])
-        self.block_tables[:n, :host.width].copy_(dev["tables"].view(n, host.width))
-        logits = replay()
-        self.replays += 1
+        logits = self._replay(bucket, {self.pos: dev["pos"], self.slots: dev["slots"], self.seq_lens: dev["ctx"]})
         return logits[:n], dev
 
     def warmup(self) -> None:
@@ -167,21 +207,7 @@ class DecodeGraphs:
                 self._capture(bucket)
         self._warm = True
 
-    def invalidate(self) -> None:
-        """Drop every graph (and with them their memory pool); the next use captures again."""
-        self._graphs.clear()
-        self._pool = None
-
     # -- capturing -----------------------------------------------------------------------------------
-    def _check_binding(self) -> None:
-        """Graphs hold the addresses of the KV pool and of every parameter and buffer: if one moved (a restored
-        pool at a new address, a re-assigned parameter), the graphs would read stale memory."""
-        binding = (self.storage.kv.data_ptr(), tuple(t.data_ptr() for t in self._tensors))
-        if binding != self._binding:
-            if self._graphs:
-                self.invalidate()
-            self._binding = binding
-
     def _capture(self, bucket: int):
         geo = self.geometry
         splits = self.backend.decode_splits(bucket, self.max_model_len, geo.num_kv_heads, geo.head_dim, self.device)
@@ -203,9 +229,111 @@ class DecodeGraphs:
         # All rows padding while warming up and capturing: nothing is written to or read from the KV pool.
         self.slots.fill_(-1)
         self.seq_lens.zero_()
-        if self._pool is None and self.device.type == "cuda":
-            self._pool = torch.cuda.graph_pool_handle()
-        replay = self._capture_fn(forward, self._pool)
-        self._graphs[bucket] = replay
-        self.captures += 1
-        return replay
+        return self._store(bucket, forward)
+
+
+def token_buckets(max_tokens_per_step: int) -> tuple[int, ...]:
+    """Padded token counts of mixed steps: powers of two from 64 below `max_tokens_per_step`, and it itself."""
+    sizes, size = [], 64
+    while size < max_tokens_per_step:
+        sizes.append(size)
+        size *= 2
+    return tuple(sizes) + (max_tokens_per_step,)
+
+
+class MixedGraphs(_GraphSet):
+    """Graphs for steps that prefill: any mix of decodes and prompt chunks, padded to a token bucket.
+
+    Measured on the H200 before these graphs, such a step was host-bound: its eager forward spent longer
+    launching kernels than running them (benchmarks/profile_engine.py), and in a training run 40% of the
+    engine's steps were of this kind, because some rollout is always starting a turn.
+
+    A bucket's graph runs the forward over `bucket` tokens and `seqs = min(max_num_seqs, bucket)` sequences:
+    token rows past the step's are padding (slot -1, never attended), sequence rows past the step's have no
+    query and no context. Attention cannot take its launch grids from the step, so the decode kernel runs
+    over every sequence row and keeps those with one query token, and the prefill kernel runs the rows of a
+    tile table the host lists per step (`attention.tile_table`). The lm_head runs on `seqs` rows gathered by a
+    static index (the step's sampled rows, then row 0 as padding). Graphs are captured on first use of their
+    bucket: a run meets only the few sizes its traffic makes."""
+
+    def __init__(self, engine, capture=None):
+        super().__init__(engine, capture)
+        config, geo = engine.config, self.geometry
+        self.buckets = token_buckets(config.max_tokens_per_step)
+        self.max_num_seqs = config.max_num_seqs
+        self.tokens_per_tile = self.backend.tokens_per_tile(geo.num_heads, geo.num_kv_heads, geo.head_dim)
+        top, device = self.buckets[-1], self.device
+        seqs, width = self.seqs(top), -(-self.max_model_len // self.page_size)
+        self.ids = torch.zeros(top, dtype=torch.long, device=device)
+        self.pos = torch.zeros(top, dtype=torch.long, device=device)
+        self.slots = torch.full((top,), -1, dtype=torch.long, device=device)
+        self.seq_lens = torch.zeros(seqs, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.zeros(seqs + 1, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(seqs, width, dtype=torch.int32, device=device)
+        self.rows = torch.zeros(seqs, dtype=torch.long, device=device)
+        self.tiles = torch.full((self.table_rows(top), 2), -1, dtype=torch.long, device=device)
+
+    def seqs(self, bucket: int) -> int:
+        return min(self.max_num_seqs, bucket)
+
+    def table_rows(self, bucket: int) -> int:
+        """Most tiles a step of `bucket` tokens can have: every chunk has >= 2 tokens and adds <= 1 partial tile."""
+        return -(-bucket // self.tokens_per_tile) + min(self.seqs(bucket), bucket // 2)
+
+    def accepts(self, batch) -> bool:
+        return bool(batch) and len(batch) <= self.max_num_seqs and sum(i.length for i in batch) <= self.buckets[-1]
+
+    def bucket(self, tokens: int) -> int:
+        return self.buckets[bisect.bisect_left(self.buckets, tokens)]
+
+    def run(self, batch, extra: dict, previous: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """As `DecodeGraphs.run`, for a step of any mix."""
+        host = attention.layout_step(batch, self.page_size)
+        tokens, n, sampled = host.parts["ids"].size, len(batch), host.parts["rows"].size
+        bucket = self.bucket(tokens)
+        seqs, table_rows = self.seqs(bucket), self.table_rows(bucket)
+        pad = bucket - tokens
+        parts = {
+            "ids": np.pad(host.parts["ids"], (0, pad)),
+            "pos": np.pad(host.parts["pos"], (0, pad)),
+            "slots": np.pad(host.parts["slots"], (0, pad), constant_values=-1),
+            "qsl": np.pad(host.parts["qsl"], (0, seqs - n), mode="edge"),
+            "ctx": np.pad(host.parts["ctx"], (0, seqs - n)),
+            "rows": np.pad(host.parts["rows"], (0, seqs - sampled)),
+            "tables": host.parts["tables"],
+            "tiles": attention.tile_table(host.lens, host.ctx, self.tokens_per_tile, table_rows).reshape(-1),
+        }
+        dev = attention.upload({**parts, **extra}, self.device)
+        self.block_tables[:n, :host.width].copy_(dev["tables"].view(n, host.width))
+        self.ids[:bucket].copy_(dev["ids"])
+        fill_placeholders(self.ids, dev, previous)
+        logits = self._replay(bucket, {
+            self.pos: dev["pos"], self.slots: dev["slots"], self.query_start_loc: dev["qsl"],
+            self.seq_lens: dev["ctx"], self.rows: dev["rows"], self.tiles: dev["tiles"].view(table_rows, 2)})
+        return logits[:sampled], dev
+
+    def _capture(self, bucket: int):
+        geo = self.geometry
+        seqs = self.seqs(bucket)
+        splits = self.backend.decode_splits(seqs, self.max_model_len, geo.num_kv_heads, geo.head_dim, self.device)
+        meta = attention.StepMetadata(
+            slot_mapping=self.slots[:bucket], block_tables=self.block_tables[:seqs],
+            query_start_loc=self.query_start_loc[:seqs + 1], seq_lens=self.seq_lens[:seqs],
+            page_size=self.page_size, max_q_len=bucket, max_seq_len=self.max_model_len, num_decodes=0,
+            host_query_start=[], host_query_lens=[], host_seq_lens=[], static=True, decode_splits=splits,
+            tile_table=self.tiles[:self.table_rows(bucket)])
+        step = attention.PagedStep(self.backend, self.storage, meta, self.layer_slot)
+        ids, pos, rows = self.ids[:bucket][None], self.pos[:bucket][None], self.rows[:seqs]
+
+        def forward() -> torch.Tensor:
+            self.backend.prepare(meta)
+            with torch.no_grad(), attention.stepping(step):
+                out = self.view(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows)
+            return out.logits[0]
+
+        # Nothing to do while warming up and capturing: no slot written, no query, no tile.
+        self.slots.fill_(-1)
+        self.seq_lens.zero_()
+        self.query_start_loc.zero_()
+        self.tiles.fill_(-1)
+        return self._store(bucket, forward)

@@ -12,7 +12,8 @@ Data flow:
                     layer calls paged_attention_forward → backend.write_kv + backend.attend over
                     KVStorage (Triton on CUDA); linear-attention layers read and write their state slots;
                     the lm_head runs only on the rows whose next token is wanted. On CUDA a pure-decode
-                    step replays the CUDA graph of its batch-size bucket instead (cuda_graphs.py)
+                    step replays the CUDA graph of its batch-size bucket instead, and a step that prefills the graph of
+                    its token bucket (cuda_graphs.py)
                   → Sampler: tokens + behaviour logprobs of all rows, one device-to-host transfer (the
                     step's only sync)
                   → append, tag with policy_version, check stops; Scheduler.register advertises the
@@ -40,7 +41,7 @@ import torch
 
 from agentrl.engine import attention
 from agentrl.engine.config import EngineConfig, resolve_eos_ids, resolve_max_model_len
-from agentrl.engine.cuda_graphs import DecodeGraphs, fill_placeholders, graphs_supported
+from agentrl.engine.cuda_graphs import DecodeGraphs, MixedGraphs, fill_placeholders, graphs_supported
 from agentrl.engine.kv_pool import PagePool
 from agentrl.engine.kv_storage import KVStorage
 from agentrl.engine.linear_state import LinearStates
@@ -96,6 +97,7 @@ class Engine:
         graphs = config.cuda_graphs and self.device.type == "cuda" and self.backend.supports_graphs
         graphs = graphs and self.linear is None and graphs_supported(self.view)
         self.graphs = DecodeGraphs.for_engine(self) if graphs else None
+        self.mixed_graphs = MixedGraphs(self) if graphs and config.mixed_step_graphs else None
         self.sampler = Sampler(self.device)
         self.policy_version = 0
         self._stats = EngineStats(total_pages=num_pages)
@@ -219,6 +221,9 @@ class Engine:
         if self.graphs is not None and self.graphs.accepts(batch):
             logits, dev = self.graphs.run(batch, extra, previous)
             st.graph_steps += 1
+        elif self.mixed_graphs is not None and self.mixed_graphs.accepts(batch):
+            logits, dev = self.mixed_graphs.run(batch, extra, previous)
+            st.mixed_graph_steps += 1
         else:
             logits, dev = self._forward(batch, extra, previous)
         self.scheduler.advance(batch)
@@ -456,5 +461,5 @@ class Engine:
             st.preemptions = self.scheduler.preemptions
             st.cached_tokens = self.scheduler.prefix_hit_tokens
             st.free_pages, st.cached_pages = self.pool.num_free, self.pool.num_cached
-            st.graph_captures = self.graphs.captures if self.graphs is not None else 0
+            st.graph_captures = sum(g.captures for g in (self.graphs, self.mixed_graphs) if g is not None)
             return st

@@ -25,6 +25,7 @@ class Geometry:
     num_layers: int
     attention_layers: tuple[int, ...]  # layer_idx of each layer with a KV cache, in order
     linear_layers: tuple[int, ...]  # layer_idx of each linear-attention layer (recurrent state, no KV)
+    num_heads: int
     num_kv_heads: int
     head_dim: int
     max_position_embeddings: int | None
@@ -47,6 +48,7 @@ def geometry(model: nn.Module) -> Geometry:
         num_layers=n,
         attention_layers=tuple(i for i, t in enumerate(types) if t == "full_attention"),
         linear_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+        num_heads=heads,
         num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
         head_dim=head_dim,
         max_position_embeddings=getattr(cfg, "max_position_embeddings", None),

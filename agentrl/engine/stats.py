@@ -23,6 +23,7 @@ class EngineStats:
     kv_releases: int = 0
     kv_released_bytes: int = 0  # live KV copied out at the last release
     graph_steps: int = 0  # decode steps replayed from a CUDA graph
+    mixed_graph_steps: int = 0  # steps with prefill chunks replayed from a CUDA graph
     graph_captures: int = 0
     idle_seconds: float = 0.0  # the engine thread had nothing to run (no requests, or the KV pool released)
     paused_seconds: float = 0.0  # held off by pause(): optimizer steps and checkpoints

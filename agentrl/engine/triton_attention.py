@@ -76,16 +76,21 @@ def _decode_kernel(q_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_
                    stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
                    stride_ot, stride_oh, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, ONLY_Q1: tl.constexpr):
     """One program = one sequence x one kv head x one slice of its context (split-K).
 
     All GROUP query heads that share the kv head ride in the rows of one dot, so each K/V byte is read once per
     kv head. Rows are padded to GROUP_PAD >= 16 because tensor-core dots need M >= 16; the padding costs
     arithmetic, not memory traffic, and decode is bound by memory traffic.
+    ONLY_Q1: the grid covers every sequence of a mixed step and only those with one query token run (a captured
+    mixed step cannot know on the host which sequences those are).
     """
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    if ONLY_Q1:
+        if tl.load(query_start_loc + seq + 1) - tl.load(query_start_loc + seq) != 1:
+            return
     seq_len = tl.load(seq_lens + seq)
     q_row = tl.load(query_start_loc + seq).to(tl.int64)  # row of the sequence's single query token
     # Splits are cut on tile boundaries so only the last tile of a sequence needs masks.
@@ -131,10 +136,14 @@ def _decode_kernel(q_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_
 
 @triton.jit
 def _combine_splits_kernel(part_acc, part_m, part_l, query_start_loc, out_ptr, stride_ot, stride_oh,
-                           NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+                           NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                           ONLY_Q1: tl.constexpr):
     """Merge the split-K partials of one (sequence, head): rescale each by exp2(m_split - m_max), sum, divide."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
+    if ONLY_Q1:  # as in the decode kernel: rows of longer queries belong to the prefill kernel
+        if tl.load(query_start_loc + seq + 1) - tl.load(query_start_loc + seq) != 1:
+            return
     base = (seq.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, BLOCK_D)
@@ -150,21 +159,33 @@ def _combine_splits_kernel(part_acc, part_m, part_l, query_start_loc, out_ptr, s
 
 @triton.jit(do_not_specialize=["seq_offset"])
 def _prefill_kernel(q_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out_ptr, scale_log2, seq_offset,
-                    stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
-                    stride_ot, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                    PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+                    tile_table, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                    stride_bt, stride_ot, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, TABLE: tl.constexpr):
     """One program = one tile of query tokens of one sequence x one kv head (tiled, online softmax).
 
     Row r of the tile is query token r // GROUP under head r % GROUP of this kv head: the GROUP heads that
     share K/V are packed into one tile, so each K/V tile is loaded once for all of them. Works for any mix of
     q_len >= 1 (decode rows, whole prompts, chunks after a cached prefix).
+
+    Which tile: without TABLE the grid is (tiles of the longest query, sequences, kv heads). With TABLE the
+    grid is (rows of `tile_table`, kv heads) and row i of the int64 table `[n, 2]` names (sequence, tile), or
+    sequence -1 for no work: a captured mixed step has a fixed grid, and the host lists each step's tiles
+    (most keys first) into it.
     """
     TOKENS: tl.constexpr = BLOCK_M // GROUP
-    # Last tiles first: under the causal mask they see the most keys, so starting them early evens the tail.
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)
-    seq = tl.program_id(1) + seq_offset  # prefills follow the step's decodes
-    kvh = tl.program_id(2)
+    if TABLE:
+        seq = tl.load(tile_table + 2 * tl.program_id(0))
+        tile = tl.load(tile_table + 2 * tl.program_id(0) + 1)
+        kvh = tl.program_id(1)
+        if seq < 0:
+            return
+    else:
+        # Last tiles first: under the causal mask they see the most keys, so starting them early evens the tail.
+        tile = tl.num_programs(0) - 1 - tl.program_id(0)
+        seq = tl.program_id(1) + seq_offset  # prefills follow the step's decodes
+        kvh = tl.program_id(2)
     q_start = tl.load(query_start_loc + seq)
     q_len = tl.load(query_start_loc + seq + 1) - q_start
     tok0 = tile * TOKENS
@@ -285,7 +306,8 @@ def _dot_precision(dtype: torch.dtype) -> str:
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float | None,
                     max_q_len: int | None = None, out: torch.Tensor | None = None, *, max_seq_len: int | None = None,
-                    num_decodes: int = 0, num_splits: int | None = None, config: dict | None = None) -> torch.Tensor:
+                    num_decodes: int = 0, num_splits: int | None = None, config: dict | None = None,
+                    tile_table: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of a ragged step over the paged cache; returns `[total_q, num_heads, head_dim]`.
 
     Static hints (host ints; keep them fixed across replays of a captured graph):
@@ -296,6 +318,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
       kernel and the rest to the prefill kernel (a mixed step ordered decodes-first).
     - `max_seq_len`: bound on seq_lens for the split-K choice (None: the width of `block_tables` in tokens).
     - `num_splits` / `config`: override the heuristics (benchmarks, tests).
+    - `tile_table` (a captured mixed step, see `tile_table`): the decode kernel runs over every sequence and
+      keeps those of one query token; the prefill kernel runs the table's tiles. `max_q_len` and `num_decodes`
+      are then unused, so one graph serves any mix of decodes and chunks that fits its buffers.
     """
     total_q, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
@@ -305,6 +330,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if out is None:
         out = torch.empty((total_q, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if total_q == 0 or num_seqs == 0:
+        return out
+    if tile_table is not None:
+        max_len = max_seq_len if max_seq_len is not None else block_tables.shape[1] * k_cache.shape[1]
+        _launch_decode(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale * _LOG2E, max_len,
+                       num_splits, {**decode_config(head_dim), **(config or {})}, only_q1=True)
+        _launch_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale * _LOG2E, 0, 0,
+                        {**prefill_config(head_dim), **(config or {})}, tile_table=tile_table)
         return out
     if max_q_len is None:
         max_q_len = 1 if total_q == num_seqs else total_q
@@ -332,7 +364,7 @@ def _common(q, k_cache, v_cache, block_tables, out):
 
 
 def _launch_decode(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, max_len,
-                   num_splits, cfg):
+                   num_splits, cfg, only_q1=False):
     num_seqs, num_heads, num_kv_heads = seq_lens.shape[0], q.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     strides, common = _common(q, k_cache, v_cache, block_tables, out)
@@ -349,23 +381,37 @@ def _launch_decode(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_acc, part_m, part_l, scale_log2,
         *strides, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"],
-        NUM_SPLITS=num_splits, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
+        NUM_SPLITS=num_splits, ONLY_Q1=only_q1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
     if num_splits > 1:
         _combine_splits_kernel[(num_seqs, num_heads)](
             part_acc, part_m, part_l, query_start_loc, out, *out.stride()[:2], NUM_SPLITS=num_splits,
-            HEAD_DIM=common["HEAD_DIM"], BLOCK_D=common["BLOCK_D"], num_warps=4)
+            HEAD_DIM=common["HEAD_DIM"], BLOCK_D=common["BLOCK_D"], ONLY_Q1=only_q1, num_warps=4)
+
+
+def _block_m(cfg: dict, group: int) -> int:
+    return max(cfg["block_m"], triton.next_power_of_2(group))  # at least one token per tile
+
+
+def tokens_per_tile(num_heads: int, num_kv_heads: int, head_dim: int, config: dict | None = None) -> int:
+    """Query tokens in one tile of the prefill kernel (its rows hold every head of a kv head's group)."""
+    group = num_heads // num_kv_heads
+    return _block_m({**prefill_config(head_dim), **(config or {})}, group) // group
 
 
 def _launch_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, max_q_len,
-                    seq_offset, cfg):
+                    seq_offset, cfg, tile_table=None):
     num_seqs, group = seq_lens.shape[0] - seq_offset, q.shape[1] // k_cache.shape[2]
     strides, common = _common(q, k_cache, v_cache, block_tables, out)
-    block_m = max(cfg["block_m"], triton.next_power_of_2(group))  # at least one token per tile
-    grid = (triton.cdiv(max_q_len, block_m // group), num_seqs, k_cache.shape[2])
+    block_m = _block_m(cfg, group)
+    table = tile_table is not None
+    if table:
+        grid = (tile_table.shape[0], k_cache.shape[2])
+    else:
+        grid = (triton.cdiv(max_q_len, block_m // group), num_seqs, k_cache.shape[2])
     _prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, seq_offset, *strides, GROUP=group,
-        BLOCK_M=block_m, BLOCK_N=cfg["block_n"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **common)
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, seq_offset,
+        tile_table if table else seq_lens, *strides, GROUP=group, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
+        TABLE=table, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
 
 
 def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -31,7 +31,10 @@ class TritonPagedAttention(attention.AttentionBackend):
         return kernels.paged_attention(
             query, key_cache, value_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scaling,
             max_q_len=meta.max_q_len, max_seq_len=meta.max_seq_len, num_decodes=meta.num_decodes,
-            num_splits=meta.decode_splits)
+            num_splits=meta.decode_splits, tile_table=meta.tile_table)
+
+    def tokens_per_tile(self, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
+        return kernels.tokens_per_tile(num_heads, num_kv_heads, head_dim)
 
     def decode_splits(self, num_seqs: int, max_seq_len: int, num_kv_heads: int, head_dim: int,
                       device: torch.device) -> int:

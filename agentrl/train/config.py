@@ -95,6 +95,7 @@ class EngineOptions:
     enable_prefix_cache: bool = True
     kv_on_update: Literal["keep", "recompute"] = "keep"
     cuda_graphs: bool = True
+    mixed_step_graphs: bool = True  # with cuda_graphs: steps that prefill replay graphs too (per token bucket)
     # torch.compile the engine view's decoder layers. Off in training for the reason given at model.compile_layers
     # (the standalone engine and `agentrl eval` compile on CUDA by default).
     compile: bool = False
