@@ -331,9 +331,11 @@ class MixedGraphs(_GraphSet):
                 out = self.view(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows)
             return out.logits[0]
 
-        # Nothing to do while warming up and capturing: no slot written, no query, no tile.
+        # Nothing to do while warming up and capturing: no slot written, no query, no tile, and the lm_head's
+        # rows inside this bucket (the last step's may lie past it).
         self.slots.fill_(-1)
         self.seq_lens.zero_()
         self.query_start_loc.zero_()
         self.tiles.fill_(-1)
+        self.rows.zero_()
         return self._store(bucket, forward)
