@@ -45,6 +45,7 @@ def graph_engine(model, log: list | None = None, mixed: bool = False, **override
     def capture(fn, pool):
         bound = binding(engine)
         log.append(bound)
+        fn()  # as cuda_capture's warm-up run: the capture-time buffers must make a valid forward too
 
         def replay():
             assert binding(engine) == bound, "a graph was replayed over storage that moved since its capture"
