@@ -174,9 +174,17 @@ class CheckpointConfig:
     keep_last: int = 2
     resume: bool = True  # continue from the latest checkpoint in run_dir if there is one
     log_every: int = 1
+    # Also send each step's numbers to these trackers (optional packages: pip install tensorboard / trackio).
+    report_to: tuple[Literal["tensorboard", "trackio"], ...] = ()
+    project: str = "agentrl"  # the trackio project
 
     def __post_init__(self):
         _check_types(self, "checkpoint")
+        from agentrl.train.tracking import missing
+
+        absent = missing(self.report_to)
+        _require(not absent, "checkpoint.report_to", f"needs the {' and '.join(absent)} package "
+                 f"(pip install {' '.join(absent)}), which is not installed")
         _require(bool(self.run_dir), "checkpoint.run_dir", "must not be empty")
         _require(self.save_every >= 0, "checkpoint.save_every", "must be >= 0")
         _require(self.keep_last >= 1, "checkpoint.keep_last", "must be >= 1")

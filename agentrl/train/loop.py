@@ -28,18 +28,24 @@ def to_train_sample(traj):
 
 
 class MetricsLog:
-    """One JSON line per step, flushed at once so a crashed run keeps its curve."""
+    """One JSON line per step, flushed at once so a crashed run keeps its curve; the same record goes to the
+    configured trackers."""
 
-    def __init__(self, path: Path, resume: bool):
+    def __init__(self, path: Path, resume: bool, trackers=None):
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a" if resume else "w")
+        self._trackers = trackers
 
     def write(self, record: dict) -> None:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        if self._trackers is not None:
+            self._trackers.log(record)
 
     def close(self) -> None:
         self._file.close()
+        if self._trackers is not None:
+            self._trackers.close()
 
 
 def _dtype(name: str, device: str) -> torch.dtype:
@@ -58,6 +64,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     from agentrl.engine.model_view import compile_decoder_layers
     from agentrl.train.logprobs import is_hybrid, packed_token_logprobs, packing_error
     from agentrl.train.loss import loss_denominator, policy_loss
+    from agentrl.train.tracking import Trackers
     from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
     from agentrl.train.pack import pack_samples
 
@@ -99,7 +106,9 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
         engine.bump_version(start_step)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    log = MetricsLog(run_dir / "metrics.jsonl", resume=checkpoint is not None)
+    resumed = checkpoint is not None
+    trackers = Trackers(cfg.checkpoint.report_to, run_dir, cfg.checkpoint.project, asdict(cfg), resumed)
+    log = MetricsLog(run_dir / "metrics.jsonl", resume=resumed, trackers=trackers)
 
     r = cfg.rollout
     driver = RolloutDriver(env, engine, fmt, prompts, RolloutConfig(
@@ -235,10 +244,18 @@ def _take(driver, n: int):
 
 
 def _merge(rows: list[dict]) -> dict:
-    """Token-weighted mean of micro-batch metrics (max / min keep their extreme)."""
+    """Token-weighted mean of micro-batch metrics (max / min keep their extreme; histograms add up)."""
     total = sum(r.get("tokens", 0) for r in rows) or 1
     out: dict = {}
     for key in {k for r in rows for k in r}:
+        hists = [r[key] for r in rows if isinstance(r.get(key), dict)]
+        if hists:
+            merged: dict = {}
+            for hist in hists:
+                for bucket, count in hist.items():
+                    merged[str(bucket)] = merged.get(str(bucket), 0) + count
+            out[f"loss/{key}"] = dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
+            continue
         values = [(r[key], r.get("tokens", 0)) for r in rows if key in r and isinstance(r[key], (int, float))]
         if not values:
             continue
