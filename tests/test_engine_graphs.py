@@ -53,7 +53,7 @@ def graph_engine(model, log: list | None = None, mixed: bool = False, **override
 
         return replay
 
-    engine.graphs = DecodeGraphs.for_engine(engine, capture=capture)
+    engine.graphs = DecodeGraphs(engine, capture=capture)
     if mixed:
         engine.mixed_graphs = MixedGraphs(engine, capture=capture)
     return engine

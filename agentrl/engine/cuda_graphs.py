@@ -168,10 +168,6 @@ class DecodeGraphs(_GraphSet):
         self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)
         self._warm = False
 
-    @classmethod
-    def for_engine(cls, engine, capture=None) -> "DecodeGraphs":
-        return cls(engine, capture)
-
     # -- choosing ------------------------------------------------------------------------------------
     def accepts(self, batch) -> bool:
         """A pure-decode step that fits a bucket (decodes come first, so the last item tells)."""

@@ -96,7 +96,7 @@ class Engine:
         # Hybrid models plan their recurrent-state slots on the host per step, so they decode eagerly.
         graphs = config.cuda_graphs and self.device.type == "cuda" and self.backend.supports_graphs
         graphs = graphs and self.linear is None and graphs_supported(self.view)
-        self.graphs = DecodeGraphs.for_engine(self) if graphs else None
+        self.graphs = DecodeGraphs(self) if graphs else None
         self.mixed_graphs = MixedGraphs(self) if graphs and config.mixed_step_graphs else None
         self.sampler = Sampler(self.device)
         self.policy_version = 0
