@@ -4,8 +4,8 @@ bucket.
 
 What a decode graph holds: the model view's whole forward over a padded decode batch of `bucket` rows, lm_head
 included (logits `[bucket, vocab]`). Sampling runs after the replay, eagerly, on the first `n` rows: it is
-a few batched ops whose knobs (which truncations run) vary per step. Mixed prefill + decode steps run
-eagerly.
+a few batched ops whose knobs (which truncations run) vary per step. Steps larger than the largest bucket,
+and every step of a hybrid model (its recurrent-state slots are planned on the host), run eagerly.
 
 Static inputs: one set of buffers sized for the largest bucket, shared by every graph (graphs never run
 concurrently): input ids, positions, slot mapping, context lengths, block tables `[max bucket, pages of
