@@ -131,7 +131,7 @@ class _GraphSet:
                 self.invalidate()
             self._binding = binding
 
-    def _replay(self, bucket: int, fill: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _replay(self, bucket: int, fill: dict[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Copy the step into the static buffers (`fill`: buffer -> its rows, sliced from the step's upload),
         then replay the bucket's graph, capturing it first if needed."""
         self._check_binding()

@@ -83,7 +83,8 @@ def _decode_kernel(q_ptr, k_cache, v_cache, block_tables, seq_lens, query_start_
     kv head. Rows are padded to GROUP_PAD >= 16 because tensor-core dots need M >= 16; the padding costs
     arithmetic, not memory traffic, and decode is bound by memory traffic.
     ONLY_Q1: the grid covers every sequence of a mixed step and only those with one query token run (a captured
-    mixed step cannot know on the host which sequences those are).
+    mixed step cannot know on the host which sequences those are). Skipping the others saves their reads; their
+    rows belong to the prefill kernel, launched after this one.
     """
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
