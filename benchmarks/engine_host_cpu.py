@@ -19,7 +19,7 @@ import torch
 
 
 def collector_pauses():
-    """A gc callback recording (generation, seconds) of every collection, and the list it fills."""
+    """A gc callback recording (generation, seconds) of every collection; returns it and the list it fills."""
     pauses, started = [], [0.0]
 
     def callback(phase, info):
@@ -29,7 +29,7 @@ def collector_pauses():
             pauses.append((info["generation"], time.perf_counter() - started[0]))
 
     gc.callbacks.append(callback)
-    return pauses
+    return callback, pauses
 
 
 def run(n: int, seed: int) -> list[tuple[str, float, dict]]:
@@ -48,7 +48,7 @@ def run(n: int, seed: int) -> list[tuple[str, float, dict]]:
     sampling = SamplingParams(max_new_tokens=gen, temperature=0.0, ignore_eos=True)
     engine = Engine(model, EngineConfig(max_num_seqs=n, max_model_len=plen + 3 * gen + 2 * tool + 64,
                                         max_tokens_per_step=8192, num_pages=n * 90))
-    pauses = collector_pauses()
+    callback, pauses = collector_pauses()
     rows, history = [], prompts
     for turn in (1, 2, 3):
         pauses.clear()
@@ -59,8 +59,8 @@ def run(n: int, seed: int) -> list[tuple[str, float, dict]]:
         for g, s in pauses:
             by_gen[g] = by_gen.get(g, 0.0) + s
         rows.append((f"turn {turn}", seconds, by_gen))
-        history = [h + o.token_ids + t for h, o, t in zip(history, outs, tools)]
-    gc.callbacks.clear()
+        history = [h + o.token_ids + new for h, o, new in zip(history, outs, tools)]
+    gc.callbacks.remove(callback)
     return rows
 
 

@@ -277,7 +277,8 @@ class MixedGraphs(_GraphSet):
         return -(-bucket // self.tokens_per_tile) + min(self.seqs(bucket), bucket // 2)
 
     def accepts(self, batch) -> bool:
-        return bool(batch) and len(batch) <= self.max_num_seqs and sum(i.length for i in batch) <= self.buckets[-1]
+        """Any step within the top bucket: the scheduler's token budget is `max_tokens_per_step`, decodes included."""
+        return bool(batch) and sum(i.length for i in batch) <= self.buckets[-1]
 
     def bucket(self, tokens: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, tokens)]

@@ -75,11 +75,15 @@ def example_messages(count: int) -> list[dict]:
     return messages
 
 
+def searches_run(episode: Episode) -> int:
+    """Well-formed `search` calls that ran (status ok or truncated)."""
+    return sum(1 for c in episode.tool_calls if c.get("name") == "search" and c.get("status") in ("ok", "truncated"))
+
+
 def format_reward(episode: Episode) -> float:
-    """1.0 if the episode made at least one well-formed `search` call that ran (status ok or truncated), else
-    0.0. Once per episode, so repeating searches earns nothing more; `format_bonus` is its weight."""
-    return float(any(c.get("name") == "search" and c.get("status") in ("ok", "truncated")
-                     for c in episode.tool_calls))
+    """1.0 if at least one search ran, else 0.0. Once per episode, so repeating searches earns nothing more;
+    `format_bonus` is its weight."""
+    return float(searches_run(episode) > 0)
 
 
 class HotpotQASearchEnv(Environment):
@@ -177,10 +181,8 @@ class HotpotQASearchEnv(Environment):
     def reward(self, episode: Episode) -> dict[str, float]:
         prediction = predicted_answer(episode)
         gold = str(episode.sample.get("answer", ""))
-        searches = sum(1 for c in episode.tool_calls
-                       if c.get("name") == "search" and c.get("status") in ("ok", "truncated"))
         parts = {"answer_f1": answer_f1(prediction, gold), "answer_em": answer_em(prediction, gold),
-                 "search_calls": float(searches)}
+                 "search_calls": float(searches_run(episode))}
         if self.format_bonus:
             parts["search_format"] = format_reward(episode)
         return parts
