@@ -29,7 +29,25 @@ train "$TRAIN_SECONDS" "$@" || {
   [ "${SKIP_BEFORE:-0}" = 1 ] || rm -rf "$RUN"  # a second part resumes from its checkpoint instead
   train $(( TRAIN_SECONDS - ($(date +%s) - started) )) --model.attn_implementation=flex_attention "$@"
 }
+# summary.md and curves.png are what git keeps of a run under benchmarks/results/ (.gitignore drops the rest).
+summarize() {
+  local evals=() f commit device
+  for f in "$OUT/eval_before.json" "$OUT/eval_after.json"; do
+    if [ -f "$f" ]; then evals+=(--eval "$f"); fi
+  done
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  device=$(python3 -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU")')
+  {
+    printf '# SmolLM2-135M-Instruct on hotpotqa_search\n\n'
+    printf 'Command: `DATA=%s TRAIN_SECONDS=%s SKIP_BEFORE=%s SKIP_AFTER=%s RUN=%s' \
+      "$DATA" "$TRAIN_SECONDS" "${SKIP_BEFORE:-0}" "${SKIP_AFTER:-0}" "$RUN"
+    printf ' bash benchmarks/smollm2_hotpotqa.sh%s`\n' "${*:+ $*}"
+    printf 'at commit %s · date %s · device: %s · curves: curves.png\n\n' \
+      "$commit" "$(date -u '+%F %H:%M UTC')" "$device"
+    python3 benchmarks/summarize_run.py "$RUN" ${evals[@]+"${evals[@]}"}
+  } > "$OUT/summary.md"
+}
 cp "$RUN/metrics.jsonl" "$OUT/metrics.jsonl"
 python3 -m agentrl.cli plot "$RUN" --out "$OUT/curves.png"
-python3 benchmarks/summarize_run.py "$RUN" | tee "$OUT/summary.txt"
-[ "${SKIP_AFTER:-0}" = 1 ] || evaluate "$RUN/final" after
+summarize "$@" && cat "$OUT/summary.md"
+[ "${SKIP_AFTER:-0}" = 1 ] || { evaluate "$RUN/final" after && summarize "$@"; }
