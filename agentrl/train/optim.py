@@ -59,8 +59,20 @@ def clip_grad_norm(params, max_norm: float | None) -> torch.Tensor:
     if not params:
         return torch.zeros(())
     if max_norm is None:
-        return torch.nn.utils.get_total_norm([p.grad for p in params])
-    return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    # Under tensor parallelism the gradients are DTensors and so is their norm (already the whole model's, summed
+    # over the shards); the caller wants a plain number.
+    return norm.full_tensor() if _is_dtensor(norm) else norm
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def should_skip(loss: torch.Tensor | float, grad_norm: torch.Tensor | float) -> bool:
