@@ -380,7 +380,20 @@ def lm_head_weight(model) -> torch.Tensor:
     for name in ("final_logit_softcapping", "logit_scale"):
         if getattr(model.config, name, None) not in (None, 1.0):
             raise ValueError(f"the model's logits are post-processed ({name}); the chunked lm_head does not do that")
-    return head.weight
+    weight = head.weight
+    if _is_dtensor(weight):
+        # Tensor parallelism keeps the vocabulary projection replicated: the local tensor is the whole matrix,
+        # and to_local() carries the gradient back to the DTensor parameter.
+        weight = weight.to_local()
+    return weight
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def packed_token_logprobs(model, batch: PackedBatch, *, temperature: float = 1.0, chunk_size: int = 1024,
