@@ -18,8 +18,8 @@ class ParallelConfig:
     # Steps between comparisons of the replicas' weights (a hash of every local parameter); 0 turns it off.
     # Replicas that drift apart silently train different models, so the check is cheap insurance.
     weight_check_every: int = 50
-    # Calls of the readiness gate between two of its all-reduces. Asking every decode step cost decoding a tenth
-    # of its speed in the zero-sync design; overshooting by a few decode steps only leaves more samples ready.
+    # Calls of the readiness gate between two of its all-reduces. A collective before every decode step slows
+    # decoding (it queues beside the engine's own); overshooting by a few decode steps only leaves more ready.
     ready_check_every: int = 8
 
     def __post_init__(self):

@@ -11,7 +11,8 @@ Every rank runs the same pure functions over the same pool, so no rank has to be
 - `ReadinessGate` answers "do the replicas have enough ready between them" with one all-reduce every k calls, on a
   schedule identical on every rank (a rank skipping a collective the others wait on would hang them all).
 - `reduce_gradients` sums gradients over the replica group. With every replica's loss divided by the *pooled*
-  batch's denominator (`pooled_loss_denominator`), the sum is exactly the gradient one process gets on the union.
+  batch's denominator (`pooled_loss_denominator`), the sum is the gradient one process computes on the union (up
+  to the order of the additions).
 
 A replica assigned nothing still takes part in every collective (zero gradients), so it never deadlocks the rest.
 """
@@ -27,6 +28,8 @@ import torch
 import torch.distributed as dist
 
 from agentrl.parallel.mesh import Mesh
+
+BUCKET_BYTES = 256 << 20  # one flat copy per collective: large enough to amortise launches, small beside a model
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -80,8 +83,8 @@ class _Entry:
 class SharedPool:
     """The finished items of every replica, identical on every rank once `exchange` has run on all of them.
 
-    Items travel by pickle (`all_gather_object`), so a sample's token lists go to every rank; that is a few
-    hundred kilobytes a step, far below what one decoder layer's all-reduces move.
+    Items travel by pickle (`all_gather_object`), so a sample's token lists go to every rank: integers per token,
+    small next to the gradients the same step all-reduces.
     """
 
     def __init__(self, mesh: Mesh):
@@ -183,7 +186,7 @@ def sum_over_replicas(values: Sequence[float], mesh: Mesh) -> list[float]:
     return t.tolist()
 
 
-def reduce_gradients(params, mesh: Mesh, op: str = "sum", bucket_bytes: int = 256 << 20) -> None:
+def reduce_gradients(params, mesh: Mesh, op: str = "sum", bucket_bytes: int = BUCKET_BYTES) -> None:
     """Sum (or average) every parameter's gradient over the replica group, in place, in flat buckets.
 
     `sum` matches a loss divided by the pooled batch's denominator (`pooled_loss_denominator`); `mean` one divided
@@ -198,7 +201,7 @@ def reduce_gradients(params, mesh: Mesh, op: str = "sum", bucket_bytes: int = 25
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    for bucket in _buckets([_local(p.grad) for p in params], bucket_bytes):
+    for bucket in flat_buckets([_local(p.grad) for p in params], bucket_bytes):
         flat = torch.cat([g.reshape(-1) for g in bucket])
         dist.all_reduce(flat, group=mesh.replica_group)
         if op == "mean":
@@ -207,7 +210,7 @@ def reduce_gradients(params, mesh: Mesh, op: str = "sum", bucket_bytes: int = 25
             g.copy_(part.view_as(g))
 
 
-def _buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int):
+def flat_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int = BUCKET_BYTES):
     """Consecutive runs of same-dtype, same-device tensors of at most `bucket_bytes` (a lone larger one alone)."""
     bucket, size = [], 0
     for t in tensors:
@@ -228,7 +231,7 @@ def broadcast_parameters(model: torch.nn.Module, mesh: Mesh, src_replica: int = 
     if mesh.n_replicas == 1:
         return
     src = mesh.rank_of(src_replica)
-    for bucket in _buckets([_local(p.data) for p in model.parameters()], 256 << 20):
+    for bucket in flat_buckets([_local(p.data) for p in model.parameters()]):
         flat = torch.cat([t.reshape(-1) for t in bucket])
         dist.broadcast(flat, src=src, group=mesh.replica_group)
         for t, part in zip(bucket, flat.split([t.numel() for t in bucket])):

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from agentrl.parallel.mesh import Mesh
-from agentrl.parallel.replicas import _buckets
+from agentrl.parallel.replicas import flat_buckets
 
 _HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
 
@@ -102,7 +102,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         for owner in range(self.mesh.n_replicas):
             owned = [_local(p) for p, o in zip(every, self.owners) if o == owner]
             src = self.mesh.rank_of(owner)
-            for bucket in _buckets(owned, 256 << 20):
+            for bucket in flat_buckets(owned):
                 flat = torch.cat([t.reshape(-1) for t in bucket])
                 dist.broadcast(flat, src=src, group=self.mesh.replica_group)
                 if owner != self.mesh.replica:

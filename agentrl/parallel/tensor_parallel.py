@@ -66,18 +66,20 @@ def tensor_parallel_plan(model: nn.Module) -> dict[str, str]:
     return out
 
 
-def local_head_counts(config, tp_size: int) -> tuple[int, int]:
-    """(query heads, KV heads) one tp rank's attention holds: what the engine's view and KV pool are sized by."""
+def _heads(config) -> tuple[int, int]:
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = cfg.num_attention_heads
-    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    return heads, getattr(cfg, "num_key_value_heads", None) or heads
+
+
+def local_head_counts(config, tp_size: int) -> tuple[int, int]:
+    """(query heads, KV heads) one tp rank's attention holds: what the engine's view and KV pool are sized by."""
+    heads, kv = _heads(config)
     return heads // tp_size, kv // tp_size
 
 
 def check_divisible(config, tp_size: int) -> None:
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = cfg.num_attention_heads
-    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    heads, kv = _heads(config)
     if heads % tp_size or kv % tp_size:
         raise ValueError(f"parallel.tp_size={tp_size} must divide the attention heads ({heads}) and the KV heads "
                          f"({kv}): each rank holds whole heads")
@@ -86,12 +88,16 @@ def check_divisible(config, tp_size: int) -> None:
 def apply_tensor_parallel(model: nn.Module, mesh: Mesh) -> nn.Module:
     """Split `model` in place over `mesh`'s tp ranks (a no-op at tp_size 1) and return it.
 
-    Every rank of the replica must call this with the same model (same weights): the shards and replicated
-    values are taken from tp rank 0, so whatever the others loaded is overwritten with it.
+    Every rank of the replica calls this with the model on its `mesh.device`; shards and replicated values are
+    taken from tp rank 0, so whatever the other ranks loaded is overwritten with it.
     """
     if mesh.tp_size == 1:
         return model
     check_divisible(model.config, mesh.tp_size)
+    elsewhere = next((n for n, p in model.named_parameters() if p.device.type != mesh.device.type), None)
+    if elsewhere is not None:
+        raise ValueError(f"move the model to {mesh.device} before splitting it ({elsewhere} is on "
+                         f"{model.get_parameter(elsewhere).device})")
     tp_mesh = mesh.tp_mesh
     plan = tensor_parallel_plan(model)
     parallelize_module(model, tp_mesh, {name: _STYLES[style]() for name, style in plan.items() if style in _STYLES})

@@ -95,6 +95,13 @@ def test_tp_optimizer_step_equals_one_process(two_processes, model):
         assert rank[f"{model}/step_changed"] > 5e-4  # the step did move the weights (lr 1e-3)
 
 
+def test_tp_under_activation_checkpointing_and_through_a_shared_view(two_processes):
+    for rank in two_processes["tp:2"]:
+        assert rank["tiny-qwen3.5/checkpointed_grad_diff"] <= 1e-6
+        assert rank["tiny-qwen3.5/view_shares_parameters"]
+        assert rank["tiny-qwen3.5/view_logits_diff"] <= 1e-5
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_tp_full_state_dict_is_the_single_process_one(two_processes, model):
     assert all(rank[f"{model}/state_dict_equal"] for rank in two_processes["tp:2"])

@@ -9,6 +9,8 @@ rank raises, so the launcher exits non-zero and the test shows the traceback.
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import sys
 import tempfile
@@ -79,7 +81,7 @@ def max_param_diff(model, reference) -> float:
                for p, q in zip(model.parameters(), reference.parameters()))
 
 
-def train_step(model, stepper, samples, denominator=None, version: int = 0):
+def train_step(model, samples, denominator=None, version: int = 0):
     """Forward/backward over `samples` (nothing if empty) and return the local loss."""
     if not samples:
         return 0.0
@@ -125,10 +127,12 @@ def tensor_parallel(mesh) -> dict:
         out[f"{name}/entropy_diff"] = float((ent - ent_ref).abs().max())
 
         stepper, ref_stepper = new_stepper(model), new_stepper(reference)
-        train_step(model, stepper, samples)
-        train_step(reference, ref_stepper, samples)
+        train_step(model, samples)
+        train_step(reference, samples)
         grad_diff = max(float((full(p.grad) - q.grad).abs().max())
                         for p, q in zip(model.parameters(), reference.parameters()))
+        if name == "tiny-qwen3.5":
+            out.update(replays_and_views(name, mesh, samples, reference))
         result, ref_result = stepper.step(torch.tensor(0.0)), ref_stepper.step(torch.tensor(0.0))
         out[f"{name}/grad_diff"] = grad_diff
         out[f"{name}/grad_norm"] = [result.grad_norm, ref_result.grad_norm]
@@ -136,6 +140,26 @@ def tensor_parallel(mesh) -> dict:
         out[f"{name}/step_changed"] = max(float((p.detach() - q.detach()).abs().max()) for p, q in
                                           zip(tiny_model(name).parameters(), reference.parameters()))
     return out
+
+
+def replays_and_views(name, mesh, samples, reference) -> dict:
+    """Two other ways the local-view hooks get exercised, against `reference`'s gradients of the same loss:
+    activation checkpointing (the backward replays each decoder layer's forward, the gated delta net reading its
+    convolution's weight again), and a deep copy sharing every parameter (the engine's view of the model)."""
+    checkpointed = apply_tensor_parallel(tiny_model(name), mesh)
+    checkpointed.activation_checkpointing_enable()
+    train_step(checkpointed, samples)
+    grad_diff = max(float((full(p.grad) - q.grad).abs().max())
+                    for p, q in zip(checkpointed.parameters(), reference.parameters()))
+    shared = {id(t): t for t in itertools.chain(checkpointed.parameters(), checkpointed.buffers())}
+    view = copy.deepcopy(checkpointed, memo=dict(shared)).eval()
+    ids = torch.tensor([samples[0].input_ids])
+    with torch.no_grad():
+        view_diff = float((view(ids).logits - reference.eval()(ids).logits).abs().max())
+    reference.train()
+    return {f"{name}/checkpointed_grad_diff": grad_diff, f"{name}/view_logits_diff": view_diff,
+            f"{name}/view_shares_parameters": all(a is b for a, b in zip(view.parameters(),
+                                                                         checkpointed.parameters()))}
 
 
 def replicas(mesh) -> dict:
@@ -167,11 +191,11 @@ def replicas(mesh) -> dict:
         share = my_share(taken, mesh)
         shares.append(len(share))
         denominator = pooled_loss_denominator(taken, LOSS, current_version=0)
-        local_loss = train_step(model, stepper, share, denominator=denominator)
+        local_loss = train_step(model, share, denominator=denominator)
         reduce_gradients(model.parameters(), mesh)
         total_loss = sum_over_replicas([local_loss], mesh)[0]
         stepper.step(torch.tensor(total_loss))
-        ref_loss = train_step(reference, ref_stepper, expected)
+        ref_loss = train_step(reference, expected)
         ref_stepper.step(torch.tensor(ref_loss))
         out.setdefault("loss_diff", []).append(abs(total_loss - ref_loss))
         diffs.append(max_param_diff(model, reference))
