@@ -1,4 +1,5 @@
-"""The `agentrl` command: train, eval, view, plot. Each subcommand is a thin shell over one module."""
+"""The `agentrl` command (also `python -m agentrl`): train, eval, view, plot. Each subcommand is a thin shell:
+its flags are shorthands for config keys, and any key can be set as `--section.key=value`."""
 
 from __future__ import annotations
 
@@ -6,49 +7,110 @@ import argparse
 import json
 import sys
 
-
-def _eval(argv: list[str]) -> int:
-    from agentrl.eval import EvalConfig, evaluate
-
-    p = argparse.ArgumentParser(prog="agentrl eval", description="Evaluate a model's tool use and answers offline.")
-    p.add_argument("env", help="environment name, e.g. hotpotqa_search or gsm8k_math")
-    p.add_argument("--model", default=EvalConfig.model, help="hub id, local dir, or smollm2-135m-instruct (embedded)")
-    p.add_argument("--data", default=None, help="local json/jsonl path, or 'hub'; default: built-in data")
-    p.add_argument("--split", default=EvalConfig.split)
-    p.add_argument("--limit", type=int, default=EvalConfig.limit)
-    p.add_argument("--out", default=None, help="write every trajectory to this JSONL file")
-    p.add_argument("--max-turns", type=int, default=EvalConfig.max_turns)
-    p.add_argument("--max-tokens-per-turn", type=int, default=EvalConfig.max_tokens_per_turn)
-    p.add_argument("--max-total-tokens", type=int, default=EvalConfig.max_total_tokens)
-    p.add_argument("--temperature", type=float, default=EvalConfig.temperature)
-    p.add_argument("--rollouts-in-flight", type=int, default=EvalConfig.rollouts_in_flight)
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="keyword argument of the environment (repeatable), e.g. --env-arg few_shot=2")
-    a = p.parse_args(argv)
-    options = vars(a)
-    options["env_args"] = _env_args(p, options.pop("env_arg"))
-    summary = evaluate(EvalConfig(**{k.replace("-", "_"): v for k, v in options.items()}))
-    print(json.dumps(summary))
-    return 0
+# Shorthand flag → config key; everything else is passed as `--section.key=value`.
+TRAIN_FLAGS = {"model": "model.name", "max_steps": "steps", "data": "env.data", "run_dir": "checkpoint.run_dir"}
+EVAL_FLAGS = {"model": "model.name", "data": "env.data", "split": "split", "limit": "limit", "out": "out",
+              "max_turns": "rollout.max_turns", "max_new_tokens": "rollout.max_new_tokens",
+              "temperature": "rollout.temperature", "rollouts_in_flight": "rollout.rollouts_in_flight",
+              "device": "device", "dtype": "model.dtype", "seed": "seed"}
+# Flags of earlier releases, and the name each knob has now.
+RENAMED_FLAGS = {"--max-tokens-per-turn": "--max-new-tokens", "--max-total-tokens": "--rollout.max_sample_tokens"}
 
 
-def _env_args(parser: argparse.ArgumentParser, items: list[str]) -> dict:
-    """`KEY=VALUE` items, each value read as the train config reads `rollout.env_args` (so `2` is an int)."""
-    from agentrl.train.config import ConfigError, parse_value
+def _overrides(parser: argparse.ArgumentParser, known: argparse.Namespace, flags: dict, rest: list[str]) -> list[str]:
+    out = [f"--{key}={getattr(known, flag)}" for flag, key in flags.items() if getattr(known, flag) is not None]
+    for item in rest:
+        name = item.split("=", 1)[0]
+        if name in RENAMED_FLAGS:
+            parser.error(f"{name} is now {RENAMED_FLAGS[name]}")
+        if not item.startswith("--") or "=" not in item:
+            parser.error(f"unrecognised argument {item!r}: overrides look like --section.key=value")
+        out.append(item)
+    return out
 
-    out = {}
+
+def _env_args(parser: argparse.ArgumentParser, items: list[str]) -> list[str]:
+    """`--env-arg KEY=VALUE` items as `--env.args.KEY=VALUE` overrides (values read as YAML scalars)."""
+    out = []
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             parser.error(f"--env-arg {item!r}: expected KEY=VALUE")
-        try:
-            out[key] = parse_value(value, f"--env-arg {key}")
-        except ConfigError as exc:
-            parser.error(str(exc))
+        out.append(f"--env.args.{key}={value}")
     return out
+
+
+def parse_train(argv: list[str]):
+    from agentrl.run.config import TrainConfig
+
+    p = argparse.ArgumentParser(prog="agentrl train", description="GRPO training of a tool-using agent.",
+                                epilog="Any config key can be set as --section.key=value (e.g. --optim.lr=1e-6).")
+    p.add_argument("env", help="environment name, e.g. hotpotqa_search or gsm8k_math")
+    p.add_argument("--model", default=None, help="hub id, local dir, tiny-qwen3, or smollm2-135m-instruct")
+    p.add_argument("--config", default=None, help="YAML file of config sections")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--data", default=None, help="local json/jsonl path; default: the environment's built-in data")
+    p.add_argument("--run-dir", default=None, help="default: runs/<env>")
+    known, rest = p.parse_known_args(argv)
+    overrides = [f"--env.name={known.env}", *_overrides(p, known, TRAIN_FLAGS, rest)]
+    if known.run_dir is None and not any(a.startswith("--checkpoint.run_dir=") for a in rest):
+        overrides.insert(1, f"--checkpoint.run_dir=runs/{known.env}")
+    if known.config:
+        return TrainConfig.from_yaml(known.config, overrides)
+    return TrainConfig.from_dict({}, overrides)
+
+
+def parse_eval(argv: list[str]):
+    from agentrl.run.config import EvalConfig
+
+    p = argparse.ArgumentParser(prog="agentrl eval", description="Evaluate a model's tool use and answers offline.",
+                                epilog="Any config key can be set as --section.key=value (e.g. --engine.page_size=32).")
+    p.add_argument("env", help="environment name, e.g. hotpotqa_search or gsm8k_math")
+    p.add_argument("--model", default=None, help="hub id, local dir, or smollm2-135m-instruct (embedded, default)")
+    p.add_argument("--data", default=None, help="local json/jsonl path, or 'hub'; default: built-in data")
+    p.add_argument("--split", default=None, help="default: dev")
+    p.add_argument("--limit", default=None, help="questions to evaluate (default 50; 'none': all)")
+    p.add_argument("--out", default=None, help="write every trajectory to this JSONL file")
+    p.add_argument("--max-turns", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="per turn")
+    p.add_argument("--temperature", type=float, default=None, help="default 0: greedy")
+    p.add_argument("--rollouts-in-flight", type=int, default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument of the environment (repeatable), e.g. --env-arg few_shot=2")
+    known, rest = p.parse_known_args(argv)
+    overrides = [f"--env.name={known.env}", *_env_args(p, known.env_arg), *_overrides(p, known, EVAL_FLAGS, rest)]
+    return EvalConfig.from_dict({}, overrides)
+
+
+def _train(argv: list[str]) -> int:
+    from agentrl.config import ConfigError
+
+    try:
+        cfg = parse_train(argv)  # a bad config fails here, before any model is loaded
+    except ConfigError as exc:
+        print(f"agentrl train: invalid config: {exc}", file=sys.stderr)
+        return 2
+    from agentrl.run.train import train
+
+    print(json.dumps(train(cfg)))
+    return 0
+
+
+def _eval(argv: list[str]) -> int:
+    from agentrl.config import ConfigError
+
+    try:
+        cfg = parse_eval(argv)
+    except ConfigError as exc:
+        print(f"agentrl eval: invalid config: {exc}", file=sys.stderr)
+        return 2
+    from agentrl.run.eval import evaluate
+
+    print(json.dumps(evaluate(cfg)))
+    return 0
 
 
 def _view(argv: list[str]) -> int:
@@ -62,12 +124,6 @@ def _view(argv: list[str]) -> int:
     return 0
 
 
-def _train(argv: list[str]) -> int:
-    from agentrl.train.loop import main
-
-    return main(argv)
-
-
 def _plot(argv: list[str]) -> int:
     from agentrl.train.plot import main
 
@@ -75,17 +131,22 @@ def _plot(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": _train, "eval": _eval, "view": _view, "plot": _plot}
+USAGE = """usage: agentrl {train,eval,view,plot} ...
+
+  train ENV --model M [--config file.yaml] [--key=value ...]   GRPO training with tools
+  eval ENV --model M [--data PATH] [--limit N] [--out F.jsonl] offline evaluation
+  view RESULTS.jsonl [--out F.html]                           trajectories as one HTML page
+  plot RUN_DIR                                                PNG curves of a training run"""
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: agentrl {train,eval,view,plot} ...\n\n"
-              "  train ENV --model M [--config file.yaml] [--key=value ...]   GRPO training with tools\n"
-              "  eval ENV --model M [--data PATH] [--limit N] [--out F.jsonl] offline evaluation\n"
-              "  view RESULTS.jsonl [--out F.html]                           trajectories as one HTML page\n"
-              "  plot RUN_DIR                                                PNG curves of a training run")
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"agentrl: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
     return COMMANDS[argv[0]](argv[1:])
 
 

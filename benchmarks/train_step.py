@@ -31,7 +31,7 @@ PEAK_FLOPS = 790e12
 
 
 def make_samples(total_tokens: int, vocab: int, seed: int = 0):
-    from agentrl.train.samples import TrainSample
+    from agentrl.sample import TrainingSample
 
     rng = random.Random(seed)
     samples, used = [], 0
@@ -42,7 +42,7 @@ def make_samples(total_tokens: int, vocab: int, seed: int = 0):
         prompt = max(1, n // 3)
         ids = [rng.randrange(vocab) for _ in range(n)]
         trainable = [0] * prompt + [1] * (n - prompt)
-        samples.append(TrainSample(ids, trainable, [-1.0 if t else 0.0 for t in trainable],
+        samples.append(TrainingSample(ids, trainable, [-1.0 if t else 0.0 for t in trainable],
                                    [0 if t else -1 for t in trainable], advantage=rng.choice([-1.0, 1.0])))
         used += n
     return samples

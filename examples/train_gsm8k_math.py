@@ -6,8 +6,7 @@
 import sys
 from pathlib import Path
 
-from agentrl.train.config import TrainConfig
-from agentrl.train.loop import train
+from agentrl.run import TrainConfig, train
 
 if __name__ == "__main__":
     config = TrainConfig.from_yaml(Path(__file__).with_suffix(".yaml"), overrides=sys.argv[1:])

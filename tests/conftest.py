@@ -3,8 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-SHARED_DATA = SHARED / "data"
+from tests.helpers import SHARED_DATA
 
 # One thread: the engine, the rollout driver and the trainer run threads of their own, and on the 2-core CI box
 # the tiny models ran 4.5x slower with two torch threads each than with one.

@@ -1,12 +1,15 @@
-"""The engine's knobs, and how the KV pool's size follows from them."""
+"""The engine's knobs (the `engine:` section of a run's config), and how the KV pool's size follows from them.
+
+Imports no torch, so a run's config is checked before anything heavy loads; the one device query the pool size
+needs is passed in (`free_device_bytes`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-import torch
-
-KV_ON_UPDATE = ("keep", "recompute")
+from agentrl.config import check_types, require
 
 
 @dataclass
@@ -36,6 +39,8 @@ class EngineConfig:
     before the next is scheduled. Outputs are identical either way.
     `compile`: torch.compile the view's decoder layers (None: on CUDA for models without linear-attention
     layers); the training model is untouched. Costs a compile at the first steps.
+    `max_model_len`, `eos_token_ids` and `seed`: in a run these follow from the rollout's `max_sample_tokens`,
+    the chat format and the run's seed when left unset.
     """
 
     page_size: int = 16
@@ -49,34 +54,29 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     eos_token_ids: tuple[int, ...] | None = None
     seed: int = 0
-    kv_on_update: str = "keep"
-    attention_backend: str = "auto"
+    kv_on_update: Literal["keep", "recompute"] = "keep"
+    attention_backend: Literal["auto", "torch", "triton"] = "auto"
     cuda_graphs: bool = True
     mixed_step_graphs: bool = True
     overlap: bool = True
     compile: bool | None = None
 
     def __post_init__(self):
-        for name in ("page_size", "max_num_seqs", "max_tokens_per_step"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_pages is not None and self.num_pages < 1:
-            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
-        if not 0 < self.gpu_memory_fraction <= 1:
-            raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
-        if self.kv_on_update not in KV_ON_UPDATE:
-            raise ValueError(f"kv_on_update must be one of {KV_ON_UPDATE}, got {self.kv_on_update!r}")
-        if self.eos_token_ids is not None:
-            self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
+        check_types(self, "engine")
+        for name in ("page_size", "max_num_seqs", "max_tokens_per_step", "cpu_kv_memory_bytes"):
+            require(getattr(self, name) >= 1, f"engine.{name}", "must be >= 1")
+        for name in ("num_pages", "kv_memory_bytes", "max_model_len"):
+            require(getattr(self, name) is None or getattr(self, name) >= 1, f"engine.{name}", "must be >= 1")
+        require(0 < self.gpu_memory_fraction <= 1, "engine.gpu_memory_fraction", "must be in (0, 1]")
 
-    def resolve_num_pages(self, bytes_per_page: int, device: torch.device) -> int:
+    def resolve_num_pages(self, bytes_per_page: int, free_device_bytes: int | None) -> int:
+        """Pages in the pool; `free_device_bytes` is the accelerator's free memory (None on CPU)."""
         if self.num_pages is not None:
             return self.num_pages
         if self.kv_memory_bytes is not None:
             budget = self.kv_memory_bytes
-        elif device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            budget = int(free * self.gpu_memory_fraction)
+        elif free_device_bytes is not None:
+            budget = int(free_device_bytes * self.gpu_memory_fraction)
         else:
             budget = self.cpu_kv_memory_bytes
         pages = budget // max(bytes_per_page, 1)

@@ -1,6 +1,7 @@
 """Environments + engine → a stream of finished, token-exact, scored trajectories."""
 
-from agentrl.rollout.driver import RolloutConfig, RolloutDriver
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.driver import RolloutDriver
 from agentrl.rollout.groups import Group, ReadyPool, group_advantages
 from agentrl.rollout.metrics import DriverStats, summarize
 from agentrl.rollout.prompts import Prompt, PromptIterator

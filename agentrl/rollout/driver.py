@@ -15,55 +15,30 @@ import asyncio
 import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable
 
 from agentrl.chat import parse_tool_calls
 from agentrl.engine.types import Completion, SamplingParams
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.groups import Group, ReadyPool, group_advantages
 from agentrl.rollout.metrics import DriverStats
 from agentrl.rollout.prompts import Prompt, PromptIterator
 from agentrl.rollout.trajectory import Trajectory
 
 
-@dataclass
-class RolloutConfig:
-    num_generations: int = 1  # rollouts per prompt (a group)
-    rollouts_in_flight: int = 32
-    max_turns: int = 6
-    max_tokens_per_turn: int = 512
-    max_total_tokens: int = 4096
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None  # per-rollout seeds derived from it; None samples from the engine's generator
-    drop_truncated: bool = False
-    advantage: str = "mean_std"  # "mean_std" or "mean"
-    tool_workers: int = 16
-    # Off by default: several calls per turn are allowed, and a model ends its turn with its end-of-turn token.
-    stop_after_tool_call: bool = False
-    # Backpressure: start no new group while this many finished samples wait in the ready pool. Unbounded, a
-    # fast engine outruns the trainer and the pool ages: measured on the H200 (SmolLM2, 128 in flight, 64 per
-    # step), the mean staleness of trained tokens climbed to 36 policy versions within 40 steps.
-    max_ready_samples: int | None = None
-
-    def __post_init__(self):
-        for name in ("num_generations", "rollouts_in_flight", "max_turns", "max_tokens_per_turn", "max_total_tokens",
-                     "tool_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
-        if self.advantage not in ("mean_std", "mean"):
-            raise ValueError(f"rollout.advantage must be 'mean_std' or 'mean', got {self.advantage!r}")
-
-
 class RolloutDriver:
-    def __init__(self, env, engine, chat_format, prompts: PromptIterator, config: RolloutConfig = RolloutConfig(),
-                 pool: ReadyPool | None = None):
+    def __init__(self, env, engine, chat_format, prompts: PromptIterator, config: RolloutConfig | None = None,
+                 pool: ReadyPool | None = None, *, seed: int | None = None, bounded: bool = False):
+        """`seed`: per-rollout sampling seeds derive from it (None: the engine's generator). `bounded`: stop
+        starting groups while `config.max_ready_samples` wait in the pool (training's backpressure)."""
+        config = config if config is not None else RolloutConfig()
         self.env = env
         self.engine = engine
         self.fmt = chat_format
         self.prompts = prompts
         self.config = config
+        self.seed = seed
+        self.max_ready_samples = config.max_ready_samples if bounded else None
         self.pool = pool if pool is not None else ReadyPool()
         self.stats = DriverStats(target_in_flight=config.rollouts_in_flight)
         self._group_ids = itertools.count()
@@ -134,7 +109,7 @@ class RolloutDriver:
                             prompt = next(self.prompts)
                         except StopIteration:
                             break
-                        group = Group(next(self._group_ids), prompt, self.config.num_generations)
+                        group = Group(next(self._group_ids), prompt, self.config.group_size)
                         groups_started += 1
                         pending = [group] * group.size
                     tasks.add(asyncio.create_task(self._rollout(pending.pop())))
@@ -174,7 +149,7 @@ class RolloutDriver:
             await pump
 
     def _pool_full(self) -> bool:
-        limit = self.config.max_ready_samples
+        limit = self.max_ready_samples
         return limit is not None and self.pool.num_samples() >= limit
 
     async def _pump(self) -> None:
@@ -212,7 +187,7 @@ class RolloutDriver:
 
     def _sampling(self, budget: int) -> SamplingParams:
         c = self.config
-        seed = None if c.seed is None else c.seed * 1_000_003 + next(self._rollout_seeds)
+        seed = None if self.seed is None else self.seed * 1_000_003 + next(self._rollout_seeds)
         return SamplingParams(max_new_tokens=budget, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                               seed=seed,
                               stop_sequences=tuple(map(tuple, self.fmt.stop_sequences)) if c.stop_after_tool_call else ())
@@ -228,7 +203,7 @@ class RolloutDriver:
         traj.prompt_len = len(traj.input_ids)
         self.stats.rollouts_started += 1
         for turn in range(c.max_turns):
-            budget = min(c.max_tokens_per_turn, c.max_total_tokens - len(traj.input_ids))
+            budget = min(c.max_new_tokens, c.max_sample_tokens - len(traj.input_ids))
             if budget <= 0:
                 traj.finish_reason = "truncated"
                 break
@@ -249,14 +224,11 @@ class RolloutDriver:
             if turn == c.max_turns - 1:
                 traj.finish_reason = "max_turns"
                 break
-            results = await env.execute(episode, calls)
-            for result in results:
-                traj.tool_calls.append({"turn": turn, "name": result.name, "arguments": result.arguments,
-                                        "status": result.status, "content": result.content})
+            results = await env.execute(episode, calls)  # recorded in episode.tool_calls
             tool_messages = [r.message for r in results]
             episode.messages.extend(tool_messages)
             suffix = fmt.suffix_ids(tool_messages, completion.token_ids)
-            room = c.max_total_tokens - len(traj.input_ids)
+            room = c.max_sample_tokens - len(traj.input_ids)
             if len(suffix) >= room:
                 # A tool result that would cross the budget is cut and the rollout ends: the masks stay right
                 # because the cut tokens are context, never trained on.
@@ -266,6 +238,7 @@ class RolloutDriver:
             traj.append(suffix, trainable=False)
         episode.done = True
         traj.messages = episode.messages
+        traj.tool_calls = episode.tool_calls
         traj.answer = episode.final_text
         traj.reward, traj.reward_components = env.total_reward(episode)
         self.stats.rollouts_finished += 1

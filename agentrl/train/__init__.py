@@ -1,17 +1,18 @@
-"""The trainer's building blocks: samples -> packed rows -> chunked logprobs -> loss -> optimizer step -> checkpoint.
+"""What trains: finished samples → packed rows → chunked logprobs → loss → optimizer step → checkpoint.
 
-Exports are lazy so that `agentrl.train.config` (no torch) can validate a config before anything heavy loads.
+The trainer consumes `agentrl.sample.TrainingSample`s and nothing else: this package imports neither the engine,
+the rollout driver, the environments nor the chat layer (`agentrl.run` wires them together). Exports are lazy so
+that `agentrl.train.config` (no torch) can validate a config before anything heavy loads.
 """
 
 _EXPORTS = {
-    "TrainSample": "samples",
+    "Trainer": "trainer",
     "PackedBatch": "pack", "TrainableTokens": "pack", "pack_samples": "pack", "first_fit_decreasing": "pack",
     "packed_hidden_states": "logprobs", "packed_token_logprobs": "logprobs", "chunked_logprobs": "logprobs",
     "packing_error": "logprobs", "is_hybrid": "logprobs",
     "policy_loss": "loss", "loss_denominator": "loss",
     "build_optimizer": "optim", "build_scheduler": "optim", "should_skip": "optim", "Stepper": "optim",
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint",
-    "TrainConfig": "config", "ConfigError": "config",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -208,13 +208,13 @@ def packing_error(model, *, lengths: tuple[int, ...] = (7, 5, 3), hybrid_varlen:
     (On the hybrid per-sample path it is 0 by construction; there it is the varlen kernels that need checking.)
     """
     from agentrl.train.pack import pack_samples
-    from agentrl.train.samples import TrainSample
+    from agentrl.sample import TrainingSample
 
     gen = torch.Generator().manual_seed(seed)
     samples = []
     for n in lengths:
         ids = torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
-        samples.append(TrainSample(ids, [0] + [1] * (n - 1), [0.0] * n, [-1] + [0] * (n - 1)))
+        samples.append(TrainingSample(ids, [0] + [1] * (n - 1), [0.0] * n, [-1] + [0] * (n - 1)))
     batch = pack_samples(samples, sum(lengths) + 1).to(model.device)  # one row with a padding tail
     with torch.no_grad():
         packed = packed_hidden_states(model, batch, hybrid_varlen=hybrid_varlen)

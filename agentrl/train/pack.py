@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from agentrl.train.samples import TrainSample
+from agentrl.sample import TrainingSample
 
 
 @dataclass
@@ -152,7 +152,7 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     return bins
 
 
-def pack_samples(samples: Sequence[TrainSample], row_tokens: int, *, pad_token_id: int = 0,
+def pack_samples(samples: Sequence[TrainingSample], row_tokens: int, *, pad_token_id: int = 0,
                  pad_to_multiple: int = 1) -> PackedBatch:
     """Pack `samples` into rows of at most `row_tokens` real tokens (first-fit decreasing).
 
@@ -162,6 +162,8 @@ def pack_samples(samples: Sequence[TrainSample], row_tokens: int, *, pad_token_i
     """
     if not samples:
         raise ValueError("pack_samples needs at least one sample")
+    for sample in samples:  # a rollout's Trajectory is built token by token and checked here
+        sample.validate()
     if pad_to_multiple < 1:
         raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
     rows = first_fit_decreasing([len(s) for s in samples], row_tokens)

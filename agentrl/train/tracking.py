@@ -1,10 +1,11 @@
 """Optional experiment trackers beside `metrics.jsonl`, which is always written: TensorBoard event files under
 `run_dir/tensorboard`, and a trackio project. Both are optional dependencies, so the config names them
-(`checkpoint.report_to`) and a missing package is a config error before any model loads, not a crash after the
+(`metrics.report_to`) and a missing package is a config error before any model loads, not a crash after the
 first step. Trackers receive each step's numbers (flags and strings stay in the JSONL)."""
 
 from __future__ import annotations
 
+import json
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -73,3 +74,24 @@ class Trackers:
     def close(self) -> None:
         for tracker in self._trackers:
             tracker.close()
+
+
+class MetricsLog:
+    """One JSON line per step in `metrics.jsonl`, flushed at once so a crashed run keeps its curve; the same record
+    goes to the configured trackers."""
+
+    def __init__(self, path: Path, resume: bool, trackers: Trackers | None = None):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a" if resume else "w")
+        self._trackers = trackers
+
+    def write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._trackers is not None:
+            self._trackers.log(record)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._trackers is not None:
+            self._trackers.close()

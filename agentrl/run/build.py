@@ -1,0 +1,219 @@
+"""The one place that wires a run: environment → chat format → model → engine → rollout driver → trainer.
+
+`build_run(cfg)` builds every part from its own config section and restores the latest checkpoint; `step(run)`
+takes the oldest finished groups from the ready pool, trains on them and returns the step's metrics. Generation
+never waits for training: the engine decodes in its own thread from the very parameters the optimizer updates,
+the driver keeps its batch full, and the optimizer step runs under `engine.pause()` followed by the version bump
+that tags every later token with the new policy. `agentrl eval` builds its parts with the same functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from agentrl.chat import ChatFormat
+from agentrl.engine import Engine, EngineConfig
+from agentrl.engine.model_view import compile_decoder_layers
+from agentrl.env import Environment, load_environment
+from agentrl.env.config import EnvConfig
+from agentrl import models
+from agentrl.rollout import PromptIterator, RolloutConfig, RolloutDriver, summarize
+from agentrl.run.config import TrainConfig
+from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint
+from agentrl.train.config import ModelConfig
+from agentrl.train.logprobs import is_hybrid, packing_error
+from agentrl.train.trainer import Trainer
+from agentrl.train.varlen_attention import ATTN_IMPLEMENTATION, register, varlen_attention_available
+
+
+@dataclass
+class Run:
+    cfg: TrainConfig
+    env: Environment
+    fmt: ChatFormat
+    model: torch.nn.Module
+    tokenizer: object
+    engine: Engine
+    prompts: PromptIterator
+    driver: RolloutDriver
+    trainer: Trainer
+    run_dir: Path
+    start_step: int = 0
+    resumed: bool = False
+    engine_stats: object = None  # the engine's counters at the end of the last step
+    started: float = field(default_factory=time.perf_counter)
+
+
+# ------------------------------------------------------------------------------------------------ the parts
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_env_and_data(cfg: EnvConfig, split: str, limit: int | None = None) -> tuple[Environment, list[dict]]:
+    env = load_environment(cfg.name, **cfg.args)
+    limits = [n for n in (cfg.data_limit, limit) if n is not None]
+    dataset = env.load_dataset(split=split, path=cfg.data, limit=min(limits) if limits else None)
+    return env, dataset
+
+
+def load_policy(cfg: ModelConfig, device: str, *, training: bool):
+    """The model (in the config's dtype, on `device`) and its tokenizer; for training, in train mode with the
+    training forward's attention and its layers compiled if asked."""
+    dtype = (torch.bfloat16 if device == "cuda" else torch.float32) if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+    model, tokenizer = models.load_model(cfg.name, dtype=dtype, device=device)
+    if not training:
+        model.eval()
+        return model, tokenizer
+    attn_implementation = attention_implementation(cfg, model, device)
+    if attn_implementation:
+        model.set_attn_implementation(attn_implementation)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    if is_hybrid(model) and cfg.hybrid_varlen:
+        error = packing_error(model, hybrid_varlen=True)
+        if error > 1e-2:  # kernels that ignore sample boundaries differ by whole units, not by rounding
+            raise RuntimeError(f"varlen kernels leak across packed samples (error {error:.3g}); "
+                               "set model.hybrid_varlen=false to use the boundary-respecting path")
+    return model, tokenizer
+
+
+def attention_implementation(cfg: ModelConfig, model, device: str) -> str | None:
+    """The training forward's attention (None: leave transformers' default, sdpa). On GPU the varlen kernel wherever
+    the flat layout applies (dense models, or hybrid ones with varlen kernels) and flash can run (bf16/fp16)."""
+    name = cfg.attn_implementation
+    if name is None:
+        if device != "cuda":
+            return None
+        flat = not is_hybrid(model) or cfg.hybrid_varlen
+        half = model.dtype in (torch.float16, torch.bfloat16)
+        name = ATTN_IMPLEMENTATION if flat and half and varlen_attention_available() else "flex_attention"
+    if name == ATTN_IMPLEMENTATION:
+        if not varlen_attention_available():
+            raise RuntimeError(f"model.attn_implementation={ATTN_IMPLEMENTATION} needs CUDA with flash attention "
+                               "(sm80 or newer); use flex_attention or sdpa here")
+        register()  # transformers accepts only registered names
+    return name
+
+
+def engine_config(cfg: EngineConfig, rollout: RolloutConfig, seed: int, eos_token_ids: tuple[int, ...], *,
+                  training: bool) -> EngineConfig:
+    """The engine section with what it leaves unset taken from the run: the longest rollout, the chat format's
+    end-of-turn ids, the run's seed. In training the view's layers stay eager unless asked (compiling them together
+    with the trainer's stalled two GPU runs; see ModelConfig.compile_layers)."""
+    return dataclasses.replace(
+        cfg, max_model_len=cfg.max_model_len or rollout.max_sample_tokens,
+        eos_token_ids=cfg.eos_token_ids if cfg.eos_token_ids is not None else tuple(eos_token_ids),
+        seed=seed, compile=cfg.compile if cfg.compile is not None or not training else False)
+
+
+def make_engine(model, tokenizer, fmt: ChatFormat, cfg: EngineConfig, rollout: RolloutConfig, seed: int, *,
+                training: bool) -> Engine:
+    """The engine over `model`'s own parameters (no copy)."""
+    return Engine(model, engine_config(cfg, rollout, seed, fmt.eos_token_ids, training=training), tokenizer=tokenizer)
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+def build_run(cfg: TrainConfig) -> Run:
+    device = default_device()
+    torch.manual_seed(cfg.seed)
+    env, dataset = load_env_and_data(cfg.env, split="train")
+    model, tokenizer = load_policy(cfg.model, device, training=True)
+    fmt = ChatFormat(tokenizer, env.tools())
+    engine = make_engine(model, tokenizer, fmt, cfg.engine, cfg.rollout, cfg.seed, training=True)
+    if cfg.model.compile_layers:  # the engine's view is a copy made above, with compiled layers of its own
+        compile_decoder_layers(model, activation_memory_budget=cfg.model.activation_memory_budget)
+    prompts = PromptIterator(dataset, seed=cfg.seed)
+    trainer = Trainer(model, cfg.trainer, cfg.loss, cfg.optim, total_steps=cfg.steps,
+                      temperature=cfg.rollout.temperature, hybrid_varlen=cfg.model.hybrid_varlen,
+                      pad_token_id=tokenizer.pad_token_id or 0)
+    run_dir = Path(cfg.checkpoint.run_dir)
+    start_step = 0
+    checkpoint = latest_checkpoint(run_dir) if cfg.checkpoint.resume else None
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, model, trainer.optimizer, trainer.scheduler)
+        start_step = state["step"]
+        prompts.load_state_dict(state["extra"]["prompts"])
+        trainer.load_state_dict(state["extra"])
+        engine.bump_version(start_step)
+    driver = RolloutDriver(env, engine, fmt, prompts, cfg.rollout, seed=cfg.seed, bounded=True)
+    return Run(cfg=cfg, env=env, fmt=fmt, model=model, tokenizer=tokenizer, engine=engine, prompts=prompts,
+               driver=driver, trainer=trainer, run_dir=run_dir, start_step=start_step, resumed=checkpoint is not None)
+
+
+def start(run: Run) -> None:
+    run.engine.start()
+    run.driver.start()
+    run.engine_stats = run.engine.stats
+    run.started = time.perf_counter()
+
+
+def stop(run: Run) -> None:
+    run.driver.stop()
+    run.engine.stop()
+
+
+def step(run: Run) -> dict:
+    """One training step: the oldest finished groups → trainer → updated parameters and a new policy version."""
+    t0 = time.perf_counter()
+    groups = take_groups(run.driver, run.cfg.rollout.samples_per_step)
+    waited = time.perf_counter() - t0
+    trajectories = [t for g in groups for t in g.trajectories]
+    samples = [t for t in trajectories if any(t.trainable)]
+    engine = run.engine
+
+    @contextlib.contextmanager
+    def update_guard():
+        with engine.pause():  # no decode step sees half the parameters updated
+            yield
+            engine.bump_version()
+
+    if run.cfg.release_kv_during_step:
+        engine.release_kv()
+    trained = run.trainer.step(samples, engine.policy_version, guard=update_guard)
+    if run.cfg.release_kv_during_step:
+        engine.restore_kv()
+    for group in groups:
+        run.prompts.consumed(group.prompt)
+    seconds = time.perf_counter() - t0
+    now = engine.stats
+    generation = _generation_metrics(run.engine_stats, now, seconds)
+    run.engine_stats = now
+    return {"loss": trained.pop("loss"), **trained, "seconds": seconds, "wait_seconds": waited,
+            "ready_groups": len(run.driver.pool), "ready_pool_age_s": run.driver.pool.oldest_age(),
+            "rollouts_in_flight": run.driver.stats.in_flight, **generation,
+            **{f"rollout/{k}": v for k, v in summarize(trajectories).items()},
+            **{f"engine/{k}": v for k, v in dataclasses.asdict(now).items()}}
+
+
+def checkpoint_extra(run: Run) -> dict:
+    return {"prompts": run.prompts.state_dict(), **run.trainer.state_dict()}
+
+
+def take_groups(driver: RolloutDriver, n: int):
+    while True:
+        groups = driver.pool.take(n, timeout=1.0)
+        if groups:
+            return groups
+        # A failed driver or engine thread would otherwise leave the trainer waiting forever.
+        driver.check()
+        driver.engine.check()
+
+
+def _generation_metrics(before, after, seconds: float) -> dict:
+    """What generation did during one trainer step: tokens/s, and the share of the step it sat idle (nothing to
+    run) or paused (held off by the optimizer step or a checkpoint)."""
+    seconds = max(seconds, 1e-9)
+    return {"generated_tokens_per_s": (after.generated_tokens - before.generated_tokens) / seconds,
+            "engine_idle_share": (after.idle_seconds - before.idle_seconds) / seconds,
+            "engine_paused_share": (after.paused_seconds - before.paused_seconds) / seconds}

@@ -1,0 +1,102 @@
+"""One training step over finished samples: pack → micro-batches → chunked logprobs → loss → backward → update.
+
+The trainer knows samples and parameters, nothing of where the samples came from. Whoever owns a generator
+reading the same parameters passes `guard`: the optimizer step and what must follow it (a policy version bump)
+run inside it, so no decode step sees half the parameters updated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable, ContextManager, Sequence
+
+import torch
+
+from agentrl.sample import TrainingSample
+from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig
+from agentrl.train.logprobs import packed_token_logprobs
+from agentrl.train.loss import loss_denominator, policy_loss
+from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
+from agentrl.train.pack import pack_samples
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, config: TrainerConfig, loss: LossConfig, optim: OptimConfig, *,
+                 total_steps: int, temperature: float = 1.0, hybrid_varlen: bool = False, pad_token_id: int = 0):
+        self.model, self.config, self.loss_config = model, config, loss
+        self.temperature, self.hybrid_varlen, self.pad_token_id = temperature, hybrid_varlen, pad_token_id
+        self.device = next(model.parameters()).device
+        # On GPU, rows (or the flat layout's length) round up to a multiple: fewer shapes for compiled kernels.
+        self.pad_multiple = config.row_pad_multiple if self.device.type == "cuda" else 1
+        self.optimizer = build_optimizer(model, optim)
+        self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
+        self.stepper = Stepper(model, self.optimizer, self.scheduler, optim)
+
+    def step(self, samples: Sequence[TrainingSample], policy_version: int,
+             guard: Callable[[], ContextManager] = contextlib.nullcontext) -> dict:
+        """Train on `samples` (generated up to `policy_version`); returns the step's metrics."""
+        cfg = self.config
+        # Everything a micro-batch needs is built on the host and copied without blocking; the only waits on the
+        # device come after the last backward (the loss and the metrics).
+        batch = pack_samples(samples, cfg.row_tokens, pad_token_id=self.pad_token_id, pad_to_multiple=self.pad_multiple)
+        tokens = batch.trainable_tokens()
+        denominator = float(loss_denominator(tokens, self.loss_config, policy_version))
+        started = time.perf_counter()
+        loss_sum, pending = 0.0, []
+        n_rows = batch.input_ids.shape[0]
+        for first in range(0, n_rows, cfg.rows_per_micro_batch):
+            host_micro = batch.select_rows(first, min(first + cfg.rows_per_micro_batch, n_rows))
+            micro, micro_tokens = host_micro.to(self.device), host_micro.trainable_tokens().to(self.device)
+            # Under the temperature the generator sampled with: the behaviour logprobs are of logits / T, and the
+            # importance ratio must compare like with like.
+            logprobs, entropy = packed_token_logprobs(self.model, micro, chunk_size=cfg.logprob_chunk_size,
+                                                      hybrid_varlen=self.hybrid_varlen,
+                                                      pad_multiple=self.pad_multiple, temperature=self.temperature)
+            loss, metrics = policy_loss(logprobs, micro_tokens, self.loss_config, current_version=policy_version,
+                                        entropy=entropy, denominator=denominator, defer_metrics=True)
+            loss.backward()
+            loss_sum = loss_sum + loss.detach()
+            pending.append(metrics)
+        loss_total = float(loss_sum)
+        metrics_rows = [m.resolve() for m in pending]
+        with guard():
+            result = self.stepper.step(torch.tensor(loss_total))
+        seconds = time.perf_counter() - started
+        return {"loss": loss_total, "grad_norm": result.grad_norm, "lr": result.lr, "skipped": result.skipped,
+                "train_seconds": seconds, "trained_tokens": batch.num_tokens,
+                "trained_tokens_per_s": batch.num_tokens / max(seconds, 1e-9),
+                "generated_tokens": int(tokens.target_ids.numel()), "rows": n_rows, **merge_metrics(metrics_rows)}
+
+    def state_dict(self) -> dict:
+        return {"stepper": self.stepper.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stepper.load_state_dict(state["stepper"])
+
+
+def merge_metrics(rows: list[dict]) -> dict:
+    """Token-weighted mean of micro-batch metrics (max / min keep their extreme; histograms add up)."""
+    total = sum(r.get("tokens", 0) for r in rows) or 1
+    out: dict = {}
+    for key in {k for r in rows for k in r}:
+        hists = [r[key] for r in rows if isinstance(r.get(key), dict)]
+        if hists:
+            merged: dict = {}
+            for hist in hists:
+                for bucket, count in hist.items():
+                    merged[str(bucket)] = merged.get(str(bucket), 0) + count
+            out[f"loss/{key}"] = dict(sorted(merged.items(), key=lambda kv: int(kv[0])))
+            continue
+        values = [(r[key], r.get("tokens", 0)) for r in rows if key in r and isinstance(r[key], (int, float))]
+        if not values:
+            continue
+        if key == "tokens":
+            out[key] = sum(v for v, _ in values)
+        elif key.endswith("max"):
+            out[f"loss/{key}"] = max(v for v, _ in values)
+        elif key.endswith("min"):
+            out[f"loss/{key}"] = min(v for v, _ in values)
+        else:
+            out[f"loss/{key}"] = sum(v * w for v, w in values) / total
+    return out

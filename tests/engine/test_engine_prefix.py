@@ -1,0 +1,109 @@
+"""The prefix cache serves resubmitted turns, the pool's bookkeeping holds, and handing the KV memory back
+between steps changes no token and advertises no destroyed page."""
+
+import pytest
+import torch
+
+from agentrl.engine import Engine, EngineConfig, SamplingParams
+from agentrl.engine.kv_pool import PagePool, chain_keys
+from agentrl.models import load_model
+from tests.helpers import hf_greedy, random_prompts
+
+GREEDY = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("tiny-qwen3")[0]
+
+
+def test_page_pool_refcounts_and_lru_eviction():
+    pool = PagePool(num_pages=4, page_size=2)
+    tokens = [1, 2, 3, 4, 5, 6]
+    keys = chain_keys(tokens, 2)
+    a = pool.allocate(3)
+    for page, key in zip(a, keys):
+        assert pool.register(page, key)
+    assert not pool.register(pool.allocate(1)[0], keys[0])  # key taken: stays private
+    pool.release(a)
+    pool.check()
+    assert pool.num_free == 3 and pool.num_cached == 3
+    assert pool.match(keys) == a  # all three served from cache, referenced again
+    pool.release(a)
+    assert pool.match(chain_keys([1, 2, 9, 9], 2)) == a[:1]  # the shared first page only
+    pool.release(a[:1])
+    # Eviction takes the least recently released first; release() frees a sequence's tail first.
+    assert pool.allocate(1) == [a[2]]
+    assert pool.match(keys) == a[:2]
+    pool.release(a[:2])
+    pool.check()
+    pool.drop_unreferenced()
+    assert pool.num_cached == 0 and pool.match(keys) == []
+    pool.check()
+
+
+def test_page_keys_chain_the_whole_prefix():
+    keys = chain_keys([1, 2, 3, 4, 5, 6, 7], 2)
+    assert len(keys) == 3 and len(set(keys)) == 3 and all(len(k) == 16 for k in keys)  # the partial page has none
+    assert chain_keys([1, 2, 3, 4, 5, 6], 2, keys[0], 1) == keys[1:]  # continued from a parent key = computed whole
+    assert chain_keys([9, 2, 3, 4], 2)[1] != keys[1]  # same page tokens after another prefix: another key
+    assert chain_keys([3, 4, 1, 2], 2)[1] != keys[0] and chain_keys([1, 2, 3, 4], 2, num_pages=1) == keys[:1]
+    assert chain_keys([151_935, 1 << 40], 2) != chain_keys([151_935, 0], 2)  # ids are not truncated
+
+
+def test_three_turn_resubmission_prefills_only_new_tokens(model):
+    page = 16
+    engine = Engine(model, EngineConfig(num_pages=64, page_size=page))
+    system = random_prompts(1, 40, 41, seed=7)[0]
+    context = system + [5, 6, 7]
+    other = engine.generate([system + [9, 9]], GREEDY)[0]  # another conversation with the same system prompt
+    assert other.cached_tokens == 0
+    for turn in range(3):
+        before = engine.stats.prefilled_tokens
+        out = engine.generate([context], GREEDY)[0]
+        prefilled = engine.stats.prefilled_tokens - before
+        assert out.token_ids == hf_greedy(model, context, GREEDY.max_new_tokens)
+        if turn == 0:
+            assert out.cached_tokens == len(system) // page * page  # the shared system prompt's full pages
+        else:
+            # new tool-result tokens, plus the last sampled token (never fed) and the partial last page
+            assert prefilled <= len(new) + page, (turn, prefilled, len(new))
+            assert out.cached_tokens == len(context) - prefilled
+        new = [100 + turn, 101, 102, 103, 104, 105, 106]
+        context = context + out.token_ids + new
+    engine.pool.check()
+
+
+def test_release_and_restore_between_steps_is_token_exact(model):
+    prompts = random_prompts(16, 3, 60, seed=8)
+    params = [SamplingParams(max_new_tokens=24, temperature=0) if i % 2 else
+              SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.9, seed=i) for i in range(16)]
+    config = EngineConfig(num_pages=40, max_tokens_per_step=48)
+    reference_engine = Engine(model, config)
+    reference_engine.generate([prompts[0]], params[0])
+    reference = reference_engine.generate(prompts, params)
+
+    engine = Engine(model, config)
+    finished_prefix = engine.generate([prompts[0]], params[0])[0]  # leaves cached, unreferenced pages behind
+    ids = [engine.submit(p, s) for p, s in zip(prompts, params)]
+    done, steps = {}, 0
+    while len(done) < len(ids):
+        for c in engine.step():
+            done[c.request_id] = c
+        steps += 1
+        if steps % 3 == 0:
+            engine.release_kv()
+            assert engine.storage.released and engine.stats.kv_released_bytes > 0
+            with pytest.raises(RuntimeError, match="restore_kv"):
+                engine.step()
+            # only pages some live sequence holds (and whose content was saved) are still advertised
+            live = set(engine.pool.live_pages())
+            assert set(engine.pool._key_of) <= live
+            engine.restore_kv()
+    assert [done[i].token_ids for i in ids] == [o.token_ids for o in reference]
+    for got, ref in zip((done[i] for i in ids), reference):
+        # release drops cached pages nobody holds, so later admissions may recompute what the reference
+        # served from cache: same tokens, logprobs equal up to the kernels' summation order
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(ref.logprobs), atol=1e-5, rtol=0)
+    assert engine.stats.kv_releases >= 3 and finished_prefix.token_ids == reference[0].token_ids
+    engine.pool.check()
