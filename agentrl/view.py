@@ -9,6 +9,8 @@ from pathlib import Path
 from jinja2 import select_autoescape
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from agentrl.env import DELIVERED
+
 _TOOL_CALL = re.compile(r"(&lt;tool_call&gt;.*?(?:&lt;/tool_call&gt;|$))", re.S)
 _ANSWER = re.compile(r"(&lt;answer&gt;.*?&lt;/answer&gt;)", re.S)
 
@@ -24,7 +26,7 @@ def render(records: list[dict]) -> str:
     env.filters["highlight"] = lambda text: _highlight(str(env.filters["e"](text)))
     template = env.from_string((Path(__file__).parent / "templates" / "viewer.html.jinja").read_text())
     mean = sum(r.get("reward", 0.0) for r in records) / len(records) if records else 0.0
-    return template.render(records=records, mean_reward=mean)
+    return template.render(records=records, mean_reward=mean, delivered=DELIVERED)
 
 
 def write_viewer(results: str | Path, out: str | Path | None = None) -> Path:

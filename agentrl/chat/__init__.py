@@ -1,13 +1,17 @@
-"""Chat layer: tool schemas, tool-call parsing, sandboxed chat templates and token-level turn deltas."""
+"""Chat layer: tool-call parsing, sandboxed chat templates and token-level turn deltas.
+
+Tool schemas come in as plain dicts (built by `agentrl.env` from a tool's signature); this layer only renders
+and parses them.
+"""
 
 from agentrl.chat.parse import parse_tool_calls
-from agentrl.chat.schema import function_schema
 
-__all__ = ["ChatFormat", "function_schema", "parse_tool_calls", "render", "select_template"]
+__all__ = ["ChatFormat", "parse_tool_calls", "render", "select_template"]
 
 
 def __getattr__(name):
-    # Lazy, so environments importing the schema helpers do not pay for jinja2 and the template files.
+    # Lazy, so importing the parser (the rollout driver, `Environment.step`) does not pay for jinja2 and the
+    # template files.
     if name in ("ChatFormat", "render", "select_template"):
         from agentrl.chat import template
 

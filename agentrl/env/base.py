@@ -7,63 +7,40 @@ environment object serves thousands of concurrent rollouts.
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
-from agentrl.chat.schema import function_schema
-from agentrl.tools_exec import ToolHandle, ToolResult, ToolStats, count_statuses, run_calls
+from agentrl.env.execute import ToolCall, run_calls
+from agentrl.env.tools import ToolHandle, bind_tools
 
-__all__ = ["Environment", "Episode", "ToolResult", "ToolStats", "count_statuses", "load_environment", "tool",
-           "available_environments"]
-
-_MARK = "__agentrl_tool__"
-
-
-@dataclass(frozen=True)
-class _ToolMark:
-    name: str | None
-    timeout: float | None
-    description: str | None
-
-
-def tool(fn: Callable | None = None, *, timeout: float | None = None, name: str | None = None,
-         description: str | None = None):
-    """Mark a method as a tool: `@tool` or `@tool(timeout=5.0, name="search")`.
-
-    The method is returned unchanged (still directly callable, sync or async); the mark only tells
-    `Environment.tools()` to describe it to the model. `timeout` overrides `Environment.tool_timeout_s`;
-    `description` overrides the docstring's prose.
-    """
-    def mark(f: Callable) -> Callable:
-        setattr(f, _MARK, _ToolMark(name, timeout, description))
-        return f
-
-    return mark(fn) if fn is not None else mark
+__all__ = ["Environment", "Episode"]
 
 
 @dataclass
 class Episode:
     """Per-rollout state, created by `Environment.start(sample)`.
 
-    `tool_calls` holds one dict per executed call: `{"name", "arguments", "status", "output", "seconds"}`
-    (`status` as in `ToolResult`). `messages` starts as the prompt; the rollout driver (or `step`) appends
-    the assistant turns and tool messages. `final_text` is the last assistant turn once `done`.
+    `messages` starts as the prompt (its first `num_prompt_messages`, which may hold worked examples with
+    assistant turns of their own); the rollout driver (or `step`) appends the assistant turns and tool
+    messages. `tool_calls` holds one `ToolCall` per executed call, in order. `final_text` is the last
+    assistant turn once `done`.
     """
 
     sample: dict
     state: dict = field(default_factory=dict)
-    tool_calls: list = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     messages: list = field(default_factory=list)
     final_text: str | None = None
     done: bool = False
+    num_prompt_messages: int | None = None  # None: all of `messages` as given at creation
+
+    def __post_init__(self):
+        if self.num_prompt_messages is None:
+            self.num_prompt_messages = len(self.messages)
 
     @property
     def turns(self) -> int:
-        """Number of assistant turns so far."""
-        return sum(1 for m in self.messages if m.get("role") == "assistant")
+        """Number of assistant turns so far, not counting any in the prompt."""
+        return sum(1 for m in self.messages[self.num_prompt_messages:] if m.get("role") == "assistant")
 
 
 class Environment:
@@ -100,24 +77,10 @@ class Environment:
         return self._tool_handles().get(name)
 
     def _tool_handles(self) -> dict[str, ToolHandle]:
+        # Bound on first use, after `__init__`'s overrides (e.g. `tool_timeout_s`) have been applied.
         handles = self.__dict__.get("_handles")
         if handles is None:
-            handles = {}
-            for attr, mark in _tool_attrs(type(self)):
-                fn = getattr(type(self), attr)
-                tool_name = mark.name or attr
-                if tool_name in handles:
-                    raise TypeError(f"{type(self).__name__}: two tools are named {tool_name!r}")
-                params = inspect.signature(fn).parameters
-                handles[tool_name] = ToolHandle(
-                    name=tool_name,
-                    fn=getattr(self, attr),
-                    schema=function_schema(fn, name=tool_name, description=mark.description),
-                    timeout=mark.timeout if mark.timeout is not None else self.tool_timeout_s,
-                    wants_episode="episode" in params,
-                    is_async=inspect.iscoroutinefunction(fn),
-                )
-            self.__dict__["_handles"] = handles
+            handles = self.__dict__["_handles"] = bind_tools(self, self.tool_timeout_s)
         return handles
 
     # ---- rollout lifecycle ---------------------------------------------------------------------------
@@ -132,23 +95,22 @@ class Environment:
         messages.append({"role": "user", "content": str(sample["question"])})
         return messages
 
-    async def execute(self, episode: Episode, calls: list[dict]) -> list[ToolResult]:
+    async def execute(self, episode: Episode, calls: list[dict]) -> list[ToolCall]:
         """Run parsed tool calls in order; every failure comes back as a tool message, never an exception.
 
         Calls run one after another so tools that change `episode.state` see each other's effects in the
-        order the model wrote them. Each call is also recorded in `episode.tool_calls`.
+        order the model wrote them. Each is recorded once, in `episode.tool_calls`, as made in the episode's
+        latest assistant turn (turn 0 if none has been recorded yet); the same records are returned.
         """
-        results = await run_calls(self, episode, calls)
-        for r in results:
-            episode.tool_calls.append({"name": r.name, "arguments": r.arguments, "status": r.status,
-                                       "output": r.content, "seconds": r.seconds})
-        return results
+        records = await run_calls(self, episode, calls, turn=max(episode.turns - 1, 0))
+        episode.tool_calls.extend(records)
+        return records
 
     def is_done(self, episode: Episode, assistant_text: str, calls: list[dict]) -> bool:
         """Whether the rollout ends after this assistant turn: by default, when it made no tool call."""
         return not calls
 
-    async def step(self, episode: Episode, assistant_text: str) -> list[ToolResult]:
+    async def step(self, episode: Episode, assistant_text: str) -> list[ToolCall]:
         """One assistant turn, message-level: record it, run its calls, and update `done`/`final_text`.
 
         A convenience for drivers that work with messages; a token-level driver may instead call
@@ -189,50 +151,3 @@ class Environment:
 
 
 _MISSING = object()
-
-
-def _tool_attrs(cls: type) -> list[tuple[str, _ToolMark]]:
-    # Walk base classes first so a subclass's added tools come after the inherited ones; an override keeps
-    # its ancestor's position, and an override without @tool removes the tool.
-    order: list[str] = []
-    for klass in reversed(cls.__mro__):
-        for attr in vars(klass):
-            if attr not in order:
-                order.append(attr)
-    out = []
-    for attr in order:
-        value = inspect.getattr_static(cls, attr)
-        if isinstance(value, (staticmethod, classmethod)):
-            value = value.__func__
-        mark = getattr(value, _MARK, None)
-        if isinstance(mark, _ToolMark):
-            out.append((attr, mark))
-    return out
-
-
-def available_environments() -> list[str]:
-    """Names `load_environment` accepts: the subpackages and modules of `environments`."""
-    try:
-        package = importlib.import_module("environments")
-    except ImportError:
-        return []
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
-
-
-def load_environment(name: str, **kwargs: Any) -> Environment:
-    """Import `environments.<name>` and return its module-level `load_environment(**kwargs)`."""
-    module_name = f"environments.{name.replace('-', '_')}"
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name not in (module_name, "environments"):
-            raise  # the environment exists but one of its own imports is missing: show that, not "unknown"
-        known = ", ".join(available_environments()) or "(none)"
-        raise ValueError(f"unknown environment {name!r}; available: {known}") from None
-    factory = getattr(module, "load_environment", None)
-    if not callable(factory):
-        raise ValueError(f"{module_name} does not define a module-level load_environment(**kwargs)")
-    env = factory(**kwargs)
-    if not isinstance(env, Environment):
-        raise TypeError(f"{module_name}.load_environment returned {type(env).__name__}, not an Environment")
-    return env

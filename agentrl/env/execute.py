@@ -1,7 +1,9 @@
 """Executing parsed tool calls: argument checks, timeouts, output limits, failures as messages.
 
 A rollout must survive anything a sampled model writes and anything a tool does, so every outcome becomes a
-`ToolResult` whose `content` tells the model what happened, and nothing here raises into the driver.
+`ToolCall` record whose `content` tells the model what happened, and nothing here raises into the driver.
+The record is the one shape of an executed call: the episode keeps it, the trajectory shares the episode's
+list, and metrics, rewards, the eval JSONL and the viewer all read it.
 """
 
 from __future__ import annotations
@@ -11,60 +13,63 @@ import json
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from agentrl.chat.schema import json_type
+from agentrl.env.schema import json_type
+from agentrl.env.tools import ToolHandle
+
+if TYPE_CHECKING:
+    from agentrl.env.base import Environment, Episode
+
+__all__ = ["DELIVERED", "STATUSES", "WELL_FORMED", "ToolCall", "ToolStats", "check_arguments", "count_statuses",
+           "render_output", "run_call", "run_calls"]
 
 STATUSES = ("ok", "truncated", "parse_error", "unknown_tool", "bad_arguments", "tool_error", "timeout")
 DELIVERED = ("ok", "truncated")  # the tool ran and its output reached the model
-
+# A well-formed call names a real tool with valid arguments; whether the tool then succeeded is another matter
+# (a timeout or a raising tool is the tool's failure, not the model's formatting).
+WELL_FORMED = ("ok", "truncated", "tool_error", "timeout")
 
 
 @dataclass(frozen=True)
-class ToolHandle:
-    """A tool bound to its environment instance, with what execution needs to know about it."""
+class ToolCall:
+    """One executed call. `turn` is the 0-based assistant turn that wrote it (the episode's prompt, worked
+    examples included, does not count); `content` is what the model reads back, in `message`."""
 
+    turn: int
     name: str
-    fn: Callable
-    schema: dict
-    timeout: float
-    wants_episode: bool
-    is_async: bool
-
-    @property
-    def parameters(self) -> dict:
-        return self.schema["function"]["parameters"]
-
-
-@dataclass
-class ToolResult:
-    """Outcome of one call. `content` is what the model reads; `message` is the tool message carrying it."""
-
-    name: str
-    arguments: dict
+    arguments: Any  # a dict unless the model wrote something else (then `status` is "bad_arguments")
     status: str
     content: str
-    message: dict = field(default_factory=dict)
     seconds: float = 0.0
 
-    def __post_init__(self):
-        if not self.message:
-            self.message = {"role": "tool", "name": self.name, "content": self.content}
+    @property
+    def message(self) -> dict:
+        """The `tool` message that carries `content` back to the model."""
+        return {"role": "tool", "name": self.name, "content": self.content}
 
     @property
     def delivered(self) -> bool:
         return self.status in DELIVERED
 
+    @property
+    def well_formed(self) -> bool:
+        return self.status in WELL_FORMED
+
+    def to_json(self) -> dict[str, Any]:
+        return {"turn": self.turn, "name": self.name, "arguments": self.arguments, "status": self.status,
+                "content": self.content, "seconds": self.seconds}
+
 
 class ToolStats:
-    """Counts of call outcomes by status, accumulated over results or `Episode.tool_calls` records."""
+    """Counts of call outcomes by status, accumulated over `ToolCall`s."""
 
     def __init__(self):
         self.counts: Counter = Counter()
 
-    def add(self, results: Iterable) -> "ToolStats":
-        self.counts.update(_status(r) for r in results)
+    def add(self, calls: Iterable[ToolCall]) -> "ToolStats":
+        self.counts.update(c.status for c in calls)
         return self
 
     @property
@@ -81,63 +86,58 @@ class ToolStats:
         return out
 
 
-def count_statuses(results: Iterable) -> dict[str, int]:
-    """{status: count} over `ToolResult`s or `Episode.tool_calls` records."""
-    return dict(Counter(_status(r) for r in results))
+def count_statuses(calls: Iterable[ToolCall]) -> dict[str, int]:
+    """{status: count} over `ToolCall`s."""
+    return dict(Counter(c.status for c in calls))
 
 
-def _status(item) -> str:
-    return item["status"] if isinstance(item, dict) else item.status
+async def run_calls(env: Environment, episode: Episode, calls: list[dict], turn: int) -> list[ToolCall]:
+    """Run parsed calls one after another (so tools that change `episode.state` see each other's effects in
+    the order the model wrote them), recording each as made in `turn`."""
+    return [await run_call(env, episode, call, turn) for call in calls]
 
 
-async def run_calls(env, episode, calls: list[dict]) -> list[ToolResult]:
-    return [await run_call(env, episode, call) for call in calls]
-
-
-async def run_call(env, episode, call: dict) -> ToolResult:
+async def run_call(env: Environment, episode: Episode, call: dict, turn: int) -> ToolCall:
     """Execute one entry of `parse_tool_calls`' output against `env`'s tools."""
     start = time.perf_counter()
-    result = await _run(env, episode, call)
-    result.seconds = time.perf_counter() - start
-    return result
-
-
-async def _run(env, episode, call: dict) -> ToolResult:
     if not isinstance(call, dict) or "error" in call or not isinstance(call.get("name"), str):
         what = call.get("error", "not a tool call") if isinstance(call, dict) else "not a tool call"
-        return ToolResult("", {}, "parse_error", (
+        name, arguments, status, content = "", {}, "parse_error", (
             f"Error: could not parse the tool call ({what}). Write each call as "
-            '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call> with valid JSON.'))
-    name, arguments = call["name"], call.get("arguments") or {}
+            '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call> with valid JSON.')
+    else:
+        name, arguments = call["name"], call.get("arguments") or {}
+        status, content = await _run(env, episode, name, arguments)
+    return ToolCall(turn, name, arguments, status, content, seconds=time.perf_counter() - start)
+
+
+async def _run(env: Environment, episode: Episode, name: str, arguments: Any) -> tuple[str, str]:
+    """(status, content) of one well-parsed call."""
     handle = env.tool_handle(name)
     if handle is None:
         names = ", ".join(env.tool_names()) or "(none)"
-        return ToolResult(name, arguments, "unknown_tool",
-                          f"Error: unknown tool {name!r}. Available tools: {names}.")
+        return "unknown_tool", f"Error: unknown tool {name!r}. Available tools: {names}."
     checked, problem = check_arguments(handle.parameters, arguments)
     if problem:
-        return ToolResult(name, arguments, "bad_arguments", f"Error: bad arguments for {name!r}: {problem}.")
+        return "bad_arguments", f"Error: bad arguments for {name!r}: {problem}."
     kwargs = dict(checked)
     if handle.wants_episode:
         kwargs["episode"] = episode
     try:
         ok, value = await asyncio.wait_for(_invoke(handle, kwargs), handle.timeout)
     except asyncio.TimeoutError:  # only wait_for's own timeout: the tool's exceptions come back as values
-        return ToolResult(name, arguments, "timeout",
-                          f"Error: tool {name!r} timed out after {handle.timeout:g} s.")
+        return "timeout", f"Error: tool {name!r} timed out after {handle.timeout:g} s."
     if not ok:
         detail = f"{type(value).__name__}: {value}" if str(value) else type(value).__name__
-        return ToolResult(name, arguments, "tool_error", f"Error: tool {name!r} failed with {detail}")
+        return "tool_error", f"Error: tool {name!r} failed with {detail}"
     try:
         text = render_output(value)
     except Exception as e:
-        return ToolResult(name, arguments, "tool_error",
-                          f"Error: tool {name!r} returned output that cannot be shown ({type(e).__name__}: {e})")
+        return "tool_error", f"Error: tool {name!r} returned output that cannot be shown ({type(e).__name__}: {e})"
     limit = env.max_tool_output_chars
     if limit is not None and len(text) > limit:
-        text = text[:limit] + f"\n[output truncated: {len(text)} characters, showing the first {limit}]"
-        return ToolResult(name, arguments, "truncated", text)
-    return ToolResult(name, arguments, "ok", text)
+        return "truncated", text[:limit] + f"\n[output truncated: {len(text)} characters, showing the first {limit}]"
+    return "ok", text
 
 
 async def _invoke(handle: ToolHandle, kwargs: dict) -> tuple[bool, Any]:

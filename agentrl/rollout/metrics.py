@@ -7,10 +7,6 @@ from dataclasses import dataclass, field
 
 from agentrl.rollout.trajectory import Trajectory
 
-# A well-formed call names a real tool with valid arguments; whether the tool then succeeded is another matter
-# (timeouts and raising tools are counted in tool_error_rate, not against the model's formatting).
-WELL_FORMED = ("ok", "truncated", "tool_error", "timeout")
-
 
 @dataclass
 class DriverStats:
@@ -39,9 +35,11 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     if n == 0:
         return {"n": 0}
     calls = [c for t in trajectories for c in t.tool_calls]
-    well_formed = [c for c in calls if c["status"] in WELL_FORMED]
-    delivered = [c for c in calls if c["status"] in ("ok", "truncated")]
-    statuses = Counter(c["status"] for c in calls)
+    # Calls of a real tool with valid arguments count as tool use even when the tool then failed (its failure,
+    # not the model's formatting); tool_error_rate counts every call whose output did not reach the model.
+    well_formed = [c for c in calls if c.well_formed]
+    delivered = [c for c in calls if c.delivered]
+    statuses = Counter(c.status for c in calls)
     turns = sum(t.num_turns for t in trajectories)
     generated = sum(sum(t.trainable) for t in trajectories)
     prefilled = sum(sum(t.prefilled_tokens) for t in trajectories)
@@ -50,7 +48,7 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     resubmitted = sum(sum(t.cached_tokens[1:]) + sum(t.prefilled_tokens[1:]) for t in trajectories)
     out: dict[str, float] = {
         "n": n,
-        "tool_call_rate": sum(any(c["status"] in WELL_FORMED for c in t.tool_calls) for t in trajectories) / n,
+        "tool_call_rate": sum(any(c.well_formed for c in t.tool_calls) for t in trajectories) / n,
         "tool_calls_per_rollout": len(well_formed) / n,
         "tool_error_rate": (len(calls) - len(delivered)) / len(calls) if calls else 0.0,
         "mean_turns": turns / n,

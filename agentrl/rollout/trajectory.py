@@ -1,32 +1,35 @@
-"""A finished rollout, token-exact: exactly the ids the engine saw, with what the trainer needs per token."""
+"""A finished rollout, token-exact: exactly the ids the engine saw, with what the trainer needs per token.
+
+A `Trajectory` *is* the trainer's `TrainingSample` (ids, trainable mask, behaviour logprobs, policy versions,
+advantage), built token by token as turns finish, plus the conversation and its record for logs and eval.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agentrl.env import ToolCall
+from agentrl.sample import TrainingSample
+
 
 @dataclass
-class Trajectory:
-    prompt_index: int
-    epoch: int
-    group_id: int
-    input_ids: list[int] = field(default_factory=list)
-    trainable: list[int] = field(default_factory=list)  # 1 only on model-generated tokens
-    logprobs: list[float] = field(default_factory=list)  # behaviour logprob per token, 0.0 where not trainable
-    versions: list[int] = field(default_factory=list)  # policy version per token, -1 where not trainable
+class Trajectory(TrainingSample):
+    prompt_index: int = 0
+    epoch: int = 0
     prompt_len: int = 0
     turn_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each generated segment
     messages: list[dict[str, Any]] = field(default_factory=list)
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # name, arguments, status, turn
-    reward: float = 0.0
+    tool_calls: list[ToolCall] = field(default_factory=list)  # the episode's own records (Episode.tool_calls)
     reward_components: dict[str, float] = field(default_factory=dict)
-    advantage: float = 0.0
     finish_reason: str = ""  # "done", "max_turns", "truncated", "length"
     prefilled_tokens: list[int] = field(default_factory=list)  # per turn: prompt tokens the engine computed
     cached_tokens: list[int] = field(default_factory=list)  # per turn: prompt tokens served from the prefix cache
     answer: str | None = None
     gold: Any = None
+
+    def __post_init__(self):
+        pass  # built token by token: checked as a whole when the trainer packs it (TrainingSample.validate)
 
     @property
     def num_turns(self) -> int:
@@ -40,10 +43,13 @@ class Trajectory:
                versions: list[int] | None = None) -> None:
         self.input_ids.extend(ids)
         self.trainable.extend([int(trainable)] * len(ids))
-        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.behaviour_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
         self.versions.extend(versions if versions is not None else [-1] * len(ids))
 
     def to_json(self) -> dict[str, Any]:
         record = asdict(self)
+        record["logprobs"] = record.pop("behaviour_logprobs")  # the name result files have always used
+        record.pop("metadata")
+        record["tool_calls"] = [c.to_json() for c in self.tool_calls]
         record["num_turns"] = self.num_turns
         return record

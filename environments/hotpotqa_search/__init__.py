@@ -76,8 +76,8 @@ def example_messages(count: int) -> list[dict]:
 
 
 def searches_run(episode: Episode) -> int:
-    """Well-formed `search` calls that ran (status ok or truncated)."""
-    return sum(1 for c in episode.tool_calls if c.get("name") == "search" and c.get("status") in ("ok", "truncated"))
+    """`search` calls whose results reached the model (status ok or truncated)."""
+    return sum(1 for c in episode.tool_calls if c.name == "search" and c.delivered)
 
 
 def format_reward(episode: Episode) -> float:
@@ -154,10 +154,7 @@ class HotpotQASearchEnv(Environment):
         key = _sample_key(sample)
         if key not in self._index_of_sample:
             self._index_of_sample[key] = self.index_for(sample)
-        episode = super().start(sample)
-        # Where the model's own turns begin: the worked examples' answers are not the episode's.
-        episode.state["prompt_messages"] = len(episode.messages)
-        return episode
+        return super().start(sample)
 
     def prompt(self, sample: dict) -> list[dict]:
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -193,7 +190,7 @@ def predicted_answer(episode: Episode) -> str:
     `<answer>` tag in its last assistant turn (an unfinished turn's free text is not an answer)."""
     if episode.final_text is not None:
         return extract_answer(episode.final_text)
-    turns = episode.messages[episode.state.get("prompt_messages", 0):]
+    turns = episode.messages[episode.num_prompt_messages:]  # the worked examples' answers are not the episode's
     last = next((m.get("content") or "" for m in reversed(turns) if m.get("role") == "assistant"), "")
     return extract_answer(last) if has_answer_tag(last) else ""
 
