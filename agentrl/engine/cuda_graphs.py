@@ -44,19 +44,33 @@ on CPU in tests with a stand-in "graph" that simply calls the function again at 
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
-from agentrl.engine import attention
+from agentrl.engine.attention import AttentionBackend, PagedStep, stepping
+from agentrl.engine.kv_storage import KVStorage
+from agentrl.engine.model_view import Geometry
+from agentrl.engine.step_layout import StepMetadata, fill_placeholders, layout_step, tile_table, upload
 
 
-def fill_placeholders(ids: torch.Tensor, dev: dict, previous: torch.Tensor | None) -> None:
-    """Write the in-flight step's sampled ids into the input rows that feed them (device to device, no sync)."""
-    rows = dev.get("fill_rows")
-    if rows is not None:
-        dst, src = rows.view(2, -1)
-        ids.index_copy_(0, dst, previous.index_select(0, src))
+@dataclass(frozen=True)
+class ForwardParts:
+    """What a captured step runs on, handed over by the engine: the model view, the attention backend, the KV
+    storage and each attention layer's index in it, the model's geometry, and the bounds the static buffers are
+    sized for (`max_model_len` in pages of `page_size`)."""
+
+    view: nn.Module
+    backend: AttentionBackend
+    storage: KVStorage
+    layer_slot: dict[int, int]  # layer_idx -> its layer in `storage`
+    geometry: Geometry
+    page_size: int
+    device: torch.device
+    max_model_len: int
+
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
@@ -98,13 +112,13 @@ def cuda_capture(fn, pool):
 
 
 class _GraphSet:
-    """What decode and mixed-step graphs share: the engine's parts, one memory pool, the addresses the graphs
+    """What decode and mixed-step graphs share: the parts they run on, one memory pool, the addresses the graphs
     were captured against, and the capture function."""
 
-    def __init__(self, engine, capture=None):
-        self.view, self.backend, self.storage = engine.view, engine.backend, engine.storage
-        self.layer_slot, self.geometry = engine._layer_slot, engine.geometry
-        self.page_size, self.device, self.max_model_len = engine.pool.page_size, engine.device, engine.max_model_len
+    def __init__(self, parts: ForwardParts, capture=None):
+        self.view, self.backend, self.storage = parts.view, parts.backend, parts.storage
+        self.layer_slot, self.geometry = parts.layer_slot, parts.geometry
+        self.page_size, self.device, self.max_model_len = parts.page_size, parts.device, parts.max_model_len
         self._capture_fn = capture or cuda_capture
         self._tensors = list(self.view.parameters()) + list(self.view.buffers())
         self._graphs: dict[int, object] = {}  # bucket -> replay
@@ -155,9 +169,9 @@ class _GraphSet:
 
 
 class DecodeGraphs(_GraphSet):
-    def __init__(self, engine, capture=None):
-        super().__init__(engine, capture)
-        self.buckets = batch_buckets(engine.config.max_num_seqs)
+    def __init__(self, parts: ForwardParts, max_num_seqs: int, capture=None):
+        super().__init__(parts, capture)
+        self.buckets = batch_buckets(max_num_seqs)
         top, width = self.buckets[-1], -(-self.max_model_len // self.page_size)
         device = self.device
         self.ids = torch.zeros(top, dtype=torch.long, device=device)
@@ -183,11 +197,11 @@ class DecodeGraphs(_GraphSet):
         (a view of the graph's output: read it before the next replay) and the uploaded device parts."""
         n = len(batch)
         bucket = self.bucket(n)
-        host = attention.layout_step(batch, self.page_size, pad_to=bucket)
+        host = layout_step(batch, self.page_size, pad_to=bucket)
         if not self._warm:
             self.warmup()
         parts = {name: host.parts[name] for name in ("ids", "pos", "slots", "ctx", "tables")}
-        dev = attention.upload({**parts, **extra}, self.device)
+        dev = upload({**parts, **extra}, self.device)
         self.block_tables[:n, :host.width].copy_(dev["tables"].view(n, host.width))
         self.ids[:bucket].copy_(dev["ids"])
         fill_placeholders(self.ids, dev, previous)
@@ -207,18 +221,18 @@ class DecodeGraphs(_GraphSet):
     def _capture(self, bucket: int):
         geo = self.geometry
         splits = self.backend.decode_splits(bucket, self.max_model_len, geo.num_kv_heads, geo.head_dim, self.device)
-        meta = attention.StepMetadata(
+        meta = StepMetadata(
             slot_mapping=self.slots[:bucket], block_tables=self.block_tables[:bucket],
             query_start_loc=self.query_start_loc[:bucket + 1], seq_lens=self.seq_lens[:bucket],
             page_size=self.page_size, max_q_len=1, max_seq_len=self.max_model_len, num_decodes=bucket,
             host_query_start=list(range(bucket)), host_query_lens=[1] * bucket,
             host_seq_lens=[self.max_model_len] * bucket, static=True, decode_splits=splits)
-        step = attention.PagedStep(self.backend, self.storage, meta, self.layer_slot)
+        step = PagedStep(self.backend, self.storage, meta, self.layer_slot)
         ids, pos = self.ids[:bucket][None], self.pos[:bucket][None]
 
         def forward() -> torch.Tensor:
             self.backend.prepare(meta)
-            with torch.no_grad(), attention.stepping(step):
+            with torch.no_grad(), stepping(step):
                 out = self.view(input_ids=ids, position_ids=pos, use_cache=False)
             return out.logits[0]
 
@@ -248,15 +262,15 @@ class MixedGraphs(_GraphSet):
     token rows past the step's are padding (slot -1, never attended), sequence rows past the step's have no
     query and no context. Attention cannot take its launch grids from the step, so the decode kernel runs
     over every sequence row and keeps those with one query token, and the prefill kernel runs the rows of a
-    tile table the host lists per step (`attention.tile_table`). The lm_head runs on `seqs` rows gathered by a
+    tile table the host lists per step (`step_layout.tile_table`). The lm_head runs on `seqs` rows gathered by a
     static index (the step's sampled rows, then row 0 as padding). Graphs are captured on first use of their
     bucket: a run meets only the few sizes its traffic makes."""
 
-    def __init__(self, engine, capture=None):
-        super().__init__(engine, capture)
-        config, geo = engine.config, self.geometry
-        self.buckets = token_buckets(config.max_tokens_per_step)
-        self.max_num_seqs = config.max_num_seqs
+    def __init__(self, parts: ForwardParts, max_num_seqs: int, max_tokens_per_step: int, capture=None):
+        super().__init__(parts, capture)
+        geo = self.geometry
+        self.buckets = token_buckets(max_tokens_per_step)
+        self.max_num_seqs = max_num_seqs
         self.tokens_per_tile = self.backend.tokens_per_tile(geo.num_heads, geo.num_kv_heads, geo.head_dim)
         top, device = self.buckets[-1], self.device
         seqs, width = self.seqs(top), -(-self.max_model_len // self.page_size)
@@ -285,7 +299,7 @@ class MixedGraphs(_GraphSet):
 
     def run(self, batch, extra: dict, previous: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """As `DecodeGraphs.run`, for a step of any mix."""
-        host = attention.layout_step(batch, self.page_size)
+        host = layout_step(batch, self.page_size)
         tokens, n, sampled = host.parts["ids"].size, len(batch), host.parts["rows"].size
         bucket = self.bucket(tokens)
         seqs, table_rows = self.seqs(bucket), self.table_rows(bucket)
@@ -298,9 +312,9 @@ class MixedGraphs(_GraphSet):
             "ctx": np.pad(host.parts["ctx"], (0, seqs - n)),
             "rows": np.pad(host.parts["rows"], (0, seqs - sampled)),
             "tables": host.parts["tables"],
-            "tiles": attention.tile_table(host.lens, host.ctx, self.tokens_per_tile, table_rows).reshape(-1),
+            "tiles": tile_table(host.lens, host.ctx, self.tokens_per_tile, table_rows).reshape(-1),
         }
-        dev = attention.upload({**parts, **extra}, self.device)
+        dev = upload({**parts, **extra}, self.device)
         self.block_tables[:n, :host.width].copy_(dev["tables"].view(n, host.width))
         self.ids[:bucket].copy_(dev["ids"])
         fill_placeholders(self.ids, dev, previous)
@@ -313,18 +327,18 @@ class MixedGraphs(_GraphSet):
         geo = self.geometry
         seqs = self.seqs(bucket)
         splits = self.backend.decode_splits(seqs, self.max_model_len, geo.num_kv_heads, geo.head_dim, self.device)
-        meta = attention.StepMetadata(
+        meta = StepMetadata(
             slot_mapping=self.slots[:bucket], block_tables=self.block_tables[:seqs],
             query_start_loc=self.query_start_loc[:seqs + 1], seq_lens=self.seq_lens[:seqs],
             page_size=self.page_size, max_q_len=bucket, max_seq_len=self.max_model_len, num_decodes=0,
             host_query_start=[], host_query_lens=[], host_seq_lens=[], static=True, decode_splits=splits,
             tile_table=self.tiles[:self.table_rows(bucket)])
-        step = attention.PagedStep(self.backend, self.storage, meta, self.layer_slot)
+        step = PagedStep(self.backend, self.storage, meta, self.layer_slot)
         ids, pos, rows = self.ids[:bucket][None], self.pos[:bucket][None], self.rows[:seqs]
 
         def forward() -> torch.Tensor:
             self.backend.prepare(meta)
-            with torch.no_grad(), attention.stepping(step):
+            with torch.no_grad(), stepping(step):
                 out = self.view(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows)
             return out.logits[0]
 

@@ -6,8 +6,9 @@ Data flow:
     step()        → Scheduler.schedule(): admit waiting sequences (mapping their cached prefix pages),
                     one token for every decoding sequence, prefill chunks under the token budget; pages
                     from the PagePool, preempting the newest sequence when a decode finds none
-                  → layout_step(): every scheduled token in one row [1, T], StepMetadata (slots, query
-                    spans, context lengths, block tables) and the sampler's knobs, in one host-to-device copy
+                  → layout_step() (step_layout.py): every scheduled token in one row [1, T], StepMetadata
+                    (slots, query spans, context lengths, block tables) and the sampler's knobs, in one
+                    host-to-device copy
                   → forward of the model view (the training model's own parameters): each attention
                     layer calls paged_attention_forward → backend.write_kv + backend.attend over
                     KVStorage (Triton on CUDA); linear-attention layers read and write their state slots;
@@ -39,9 +40,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from agentrl.engine import attention
+from agentrl.engine.attention import PagedStep, register, stepping
+from agentrl.engine.backends import make_backend
 from agentrl.engine.config import EngineConfig, resolve_eos_ids, resolve_max_model_len
-from agentrl.engine.cuda_graphs import DecodeGraphs, MixedGraphs, fill_placeholders, graphs_supported
+from agentrl.engine.cuda_graphs import DecodeGraphs, ForwardParts, MixedGraphs, graphs_supported
 from agentrl.engine.kv_pool import PagePool
 from agentrl.engine.kv_storage import KVStorage
 from agentrl.engine.linear_state import LinearStates
@@ -49,6 +51,7 @@ from agentrl.engine.model_view import compile_decoder_layers, geometry, make_vie
 from agentrl.engine.sampler import Sampler
 from agentrl.engine.scheduler import FINISHED, Scheduler, Sequence
 from agentrl.engine.stats import EngineStats
+from agentrl.engine.step_layout import fill_placeholders, layout_step, step_inputs, upload
 from agentrl.engine.types import Completion, SamplingParams
 
 
@@ -73,7 +76,7 @@ class Engine:
         self.model = model
         self.device, self.dtype = model_device_dtype(model)
         geo = self.geometry = geometry(model)
-        self.view = make_view(model, attention.register())
+        self.view = make_view(model, register())
         compile_layers = config.compile if config.compile is not None else self.device.type == "cuda"
         if compile_layers and not geo.linear_layers:
             compile_decoder_layers(self.view)
@@ -86,18 +89,22 @@ class Engine:
         self._layer_slot = {layer: i for i, layer in enumerate(geo.attention_layers)}
         page_bytes = KVStorage.bytes_per_page(len(geo.attention_layers), config.page_size, geo.num_kv_heads,
                                               geo.head_dim, self.dtype)
-        num_pages = config.resolve_num_pages(page_bytes, self.device)
+        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
+        num_pages = config.resolve_num_pages(page_bytes, free)
         self.max_model_len = resolve_max_model_len(config, geo.max_position_embeddings, num_pages * config.page_size)
         self.pool = PagePool(num_pages, config.page_size, config.enable_prefix_cache)
         self.storage = KVStorage(len(geo.attention_layers), num_pages, config.page_size, geo.num_kv_heads,
                                  geo.head_dim, self.dtype, self.device)
-        self.backend = attention.make_backend(config.attention_backend, self.device, config.page_size)
+        self.backend = make_backend(config.attention_backend, self.device, config.page_size)
         self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_tokens_per_step)
         # Hybrid models plan their recurrent-state slots on the host per step, so they decode eagerly.
         graphs = config.cuda_graphs and self.device.type == "cuda" and self.backend.supports_graphs
         graphs = graphs and self.linear is None and graphs_supported(self.view)
-        self.graphs = DecodeGraphs(self) if graphs else None
-        self.mixed_graphs = MixedGraphs(self) if graphs and config.mixed_step_graphs else None
+        self.forward_parts = ForwardParts(self.view, self.backend, self.storage, self._layer_slot, geo,
+                                          config.page_size, self.device, self.max_model_len)
+        self.graphs = DecodeGraphs(self.forward_parts, config.max_num_seqs) if graphs else None
+        self.mixed_graphs = (MixedGraphs(self.forward_parts, config.max_num_seqs, config.max_tokens_per_step)
+                             if graphs and config.mixed_step_graphs else None)
         self.sampler = Sampler(self.device)
         self.policy_version = 0
         self._stats = EngineStats(total_pages=num_pages)
@@ -280,16 +287,16 @@ class Engine:
 
     def _forward(self, batch, extra: dict, previous) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The eager forward of one step: logits `[N, vocab]` of its sampled rows, and its uploaded parts."""
-        host = attention.layout_step(batch, self.pool.page_size)
-        dev = attention.upload({**host.parts, **extra}, self.device)
+        host = layout_step(batch, self.pool.page_size)
+        dev = upload({**host.parts, **extra}, self.device)
         fill_placeholders(dev["ids"], dev, previous)
-        input_ids, position_ids, rows, meta = attention.step_inputs(host, dev, self.pool.page_size)
+        input_ids, position_ids, rows, meta = step_inputs(host, dev, self.pool.page_size)
         self.backend.prepare(meta)
-        step = attention.PagedStep(self.backend, self.storage, meta, self._layer_slot)
+        step = PagedStep(self.backend, self.storage, meta, self._layer_slot)
         kwargs = {}
         if self.linear is not None:
             kwargs[LinearStates.KWARG] = self.linear.plan(batch, self.scheduler.running)
-        with torch.no_grad(), attention.stepping(step):
+        with torch.no_grad(), stepping(step):
             out = self.view(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=rows,
                             **kwargs)
         return out.logits[0], dev

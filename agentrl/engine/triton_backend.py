@@ -1,21 +1,20 @@
 """The Triton paged-attention kernels behind the engine's `AttentionBackend` interface (the default on CUDA).
 
-Importing this module imports triton and registers the backend as `attention.BACKENDS["triton"]`;
-`attention.make_backend` does so only on CUDA (or when "triton" is asked for by name: tests run it on CPU
-under the Triton interpreter). Every call reads the step's device tensors and static host hints only (decodes
-first, `num_decodes`, `max_q_len`, `max_seq_len`, a pinned split count), so nothing here syncs with the host
-and a CUDA graph can capture a whole decode forward.
+Importing this module imports triton; `backends.make_backend` does so only on CUDA (or when "triton" is asked
+for by name: tests run it on CPU under the Triton interpreter). Every call reads the step's device tensors and
+static host hints only (decodes first, `num_decodes`, `max_q_len`, `max_seq_len`, a pinned split count), so
+nothing here syncs with the host and a CUDA graph can capture a whole decode forward.
 """
 
 from __future__ import annotations
 
 import torch
 
-from agentrl.engine import attention
 from agentrl.engine import triton_attention as kernels
+from agentrl.engine.attention import AttentionBackend
 
 
-class TritonPagedAttention(attention.AttentionBackend):
+class TritonPagedAttention(AttentionBackend):
     supports_graphs = True
 
     def prepare(self, meta):
@@ -41,5 +40,3 @@ class TritonPagedAttention(attention.AttentionBackend):
         block_n = kernels.decode_config(head_dim)["block_n"]
         return kernels.choose_num_splits(num_seqs, num_kv_heads, max_seq_len, block_n, kernels._num_sms(device))
 
-
-attention.BACKENDS["triton"] = TritonPagedAttention
