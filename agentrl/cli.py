@@ -51,13 +51,20 @@ def parse_train(argv: list[str]):
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--data", default=None, help="local json/jsonl path; default: the environment's built-in data")
     p.add_argument("--run-dir", default=None, help="default: runs/<env>")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true",
+                       help="continue the run in --run-dir even though its saved config differs (by default a run "
+                            "dir with a checkpoint is resumed only when its config matches, and refused otherwise)")
+    group.add_argument("--overwrite", action="store_true", help="start afresh, replacing the run dir's checkpoints")
     known, rest = p.parse_known_args(argv)
     overrides = [f"--env.name={known.env}", *_overrides(p, known, TRAIN_FLAGS, rest)]
     if known.run_dir is None and not any(a.startswith("--checkpoint.run_dir=") for a in rest):
         overrides.insert(1, f"--checkpoint.run_dir=runs/{known.env}")
     if known.config:
-        return TrainConfig.from_yaml(known.config, overrides)
-    return TrainConfig.from_dict({}, overrides)
+        cfg = TrainConfig.from_yaml(known.config, overrides)
+    else:
+        cfg = TrainConfig.from_dict({}, overrides)
+    return cfg, "resume" if known.resume else "overwrite" if known.overwrite else "auto"
 
 
 def parse_eval(argv: list[str]):
@@ -88,14 +95,21 @@ def parse_eval(argv: list[str]):
 def _train(argv: list[str]) -> int:
     from agentrl.config import ConfigError
 
+    from agentrl.run.run_dir import plan_run
+
     try:
-        cfg = parse_train(argv)  # a bad config fails here, before any model is loaded
+        cfg, mode = parse_train(argv)  # a bad config fails here, before any model is loaded
+        plan = plan_run(cfg, mode)
     except ConfigError as exc:
-        print(f"agentrl train: invalid config: {exc}", file=sys.stderr)
+        print(f"agentrl train: {exc}", file=sys.stderr)
         return 2
+    from agentrl.run.interrupt import Interrupted
     from agentrl.run.train import train
 
-    print(json.dumps(train(cfg)))
+    try:
+        print(json.dumps(train(cfg, plan=plan)))
+    except Interrupted as exc:
+        return exc.exit_code
     return 0
 
 
@@ -105,11 +119,16 @@ def _eval(argv: list[str]) -> int:
     try:
         cfg = parse_eval(argv)
     except ConfigError as exc:
-        print(f"agentrl eval: invalid config: {exc}", file=sys.stderr)
+        print(f"agentrl eval: {exc}", file=sys.stderr)
         return 2
     from agentrl.run.eval import evaluate
 
-    print(json.dumps(evaluate(cfg)))
+    try:
+        print(json.dumps(evaluate(cfg)))
+    except KeyboardInterrupt:
+        kept = f"; the finished rollouts are in {cfg.out}" if cfg.out else ""
+        print(f"\nagentrl eval: interrupted{kept}", file=sys.stderr)
+        return 130
     return 0
 
 

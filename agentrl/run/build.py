@@ -25,9 +25,11 @@ from agentrl.env.config import EnvConfig
 from agentrl import models
 from agentrl.rollout import PromptIterator, RolloutConfig, RolloutDriver, summarize
 from agentrl.run.config import TrainConfig
+from agentrl.run.interrupt import critical
 from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint
 from agentrl.train.config import ModelConfig
 from agentrl.train.logprobs import is_hybrid, packing_error
+from agentrl.train.optim import retarget_schedule
 from agentrl.train.trainer import Trainer
 from agentrl.train.varlen_attention import ATTN_IMPLEMENTATION, register, varlen_attention_available
 
@@ -145,6 +147,7 @@ def build_run(cfg: TrainConfig) -> Run:
         start_step = state["step"]
         prompts.load_state_dict(state["extra"]["prompts"])
         trainer.load_state_dict(state["extra"])
+        retarget_schedule(trainer.scheduler, cfg.optim.lr, cfg.steps)  # the schedule this run asks for
         engine.bump_version(start_step)
     driver = RolloutDriver(env, engine, fmt, prompts, cfg.rollout, seed=cfg.seed, bounded=True)
     return Run(cfg=cfg, env=env, fmt=fmt, model=model, tokenizer=tokenizer, engine=engine, prompts=prompts,
@@ -174,7 +177,8 @@ def step(run: Run) -> dict:
 
     @contextlib.contextmanager
     def update_guard():
-        with engine.pause():  # no decode step sees half the parameters updated
+        # No decode step sees half the parameters updated, and no interrupt stops the run there either.
+        with critical(), engine.pause():
             yield
             engine.bump_version()
 

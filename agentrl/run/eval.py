@@ -31,8 +31,9 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
         def on_group(group):
             for traj in group.trajectories:
                 trajectories.append(traj)
-                if sink:
+                if sink:  # line by line: an interrupted eval keeps every rollout that finished
                     sink.write(json.dumps(traj.to_json()) + "\n")
+                    sink.flush()
             prompts.consumed(group.prompt)
             advance()
 

@@ -1,45 +1,79 @@
-"""`train(cfg)`: build a run, step it, log each step, checkpoint, and write the final model."""
+"""`train(cfg)`: plan the run directory, build the run, step it, log each step, checkpoint, write the final model.
+
+A run stops cleanly on Ctrl-C / SIGTERM (`agentrl.run.interrupt`): the last finished step is checkpointed and one
+line says how to resume.
+"""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 from agentrl.run.build import build_run, checkpoint_extra, start, step, stop
 from agentrl.run.config import TrainConfig
-from agentrl.train.checkpoint import save_checkpoint
+from agentrl.run.interrupt import Interrupted, critical, interrupts_stop_the_run
+from agentrl.run.progress import TrainProgress
+from agentrl.run.run_dir import Plan, clear_run, cut_metrics, plan_run, write_atomic, write_directory_atomic
+from agentrl.train.checkpoint import latest_checkpoint, save_checkpoint, step_dir
 from agentrl.train.tracking import MetricsLog, Trackers
 
 
-def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
+def train(cfg: TrainConfig, *, progress: bool = True, plan: Plan | None = None) -> dict:
+    """Train to `cfg.steps`; returns the last step's metrics. Raises `Interrupted` (after saving) on a signal."""
+    plan = plan if plan is not None else plan_run(cfg)
+    if plan.message:
+        print(plan.message, file=sys.stderr, flush=True)
+    if plan.action == "finished":
+        return {}
+    with interrupts_stop_the_run():
+        return _train(cfg, plan, progress)
+
+
+def _train(cfg: TrainConfig, plan: Plan, progress: bool) -> dict:
+    if plan.action == "fresh":
+        clear_run(Path(cfg.checkpoint.run_dir))
     run = build_run(cfg)
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    (run.run_dir / "config.yaml").write_text(cfg.to_yaml())
+    write_atomic(run.run_dir / "config.yaml", cfg.to_yaml())
+    metrics_path = run.run_dir / "metrics.jsonl"
+    if run.resumed:
+        cut_metrics(metrics_path, run.start_step)
     trackers = Trackers(cfg.metrics.report_to, run.run_dir, cfg.metrics.project, asdict(cfg), run.resumed)
-    log = MetricsLog(run.run_dir / "metrics.jsonl", resume=run.resumed, trackers=trackers)
-    bar = _Progress(progress, cfg.steps, run.start_step)
+    log = MetricsLog(metrics_path, resume=run.resumed, trackers=trackers)
+    bar = TrainProgress(progress, cfg.steps, run.start_step, run)
     last: dict = {}
+    done = run.start_step  # the last step whose update finished
     start(run)
     try:
         for index in range(run.start_step, cfg.steps):
             last = {"step": index + 1, **step(run)}
-            if index % cfg.metrics.log_every == 0 or index + 1 == cfg.steps:
+            done = index + 1
+            if index % cfg.metrics.log_every == 0 or done == cfg.steps:
                 log.write(last)
             bar.update(last)
             out_of_time = cfg.time_limit_s is not None and time.perf_counter() - run.started > cfg.time_limit_s
-            saving = cfg.checkpoint.save_every and (index + 1) % cfg.checkpoint.save_every == 0
-            if saving or index + 1 == cfg.steps or out_of_time:
-                with run.engine.pause():
-                    save_checkpoint(run.run_dir, index + 1, run.model, run.trainer.optimizer, run.trainer.scheduler,
-                                    keep_last=cfg.checkpoint.keep_last, extra=checkpoint_extra(run))
+            saving = cfg.checkpoint.save_every and done % cfg.checkpoint.save_every == 0
+            if saving or done == cfg.steps or out_of_time:
+                _save(run, done)
             if out_of_time:
                 break
-        with run.engine.pause():
+        with critical(), run.engine.pause():
             # A plain model directory beside the checkpoints: what `agentrl eval --model` and users load.
-            run.model.save_pretrained(run.run_dir / "final")
-            run.tokenizer.save_pretrained(run.run_dir / "final")
+            def write_final(tmp):
+                run.model.save_pretrained(tmp)
+                run.tokenizer.save_pretrained(tmp)
+
+            write_directory_atomic(run.run_dir / "final", write_final)
+    except Interrupted:
+        bar.close()
+        stop(run)  # no new rollouts; the unfinished ones are dropped (their prompts were never marked consumed)
+        if done > run.start_step and latest_checkpoint(run.run_dir) != step_dir(run.run_dir, done):
+            _save(run, done)
+        where = latest_checkpoint(run.run_dir)
+        saved = f"step {done} is saved in {where}" if where is not None else "no step finished, nothing to save"
+        print(f"agentrl: stopped; {saved}; run the same command to resume", file=sys.stderr, flush=True)
+        raise
     finally:
         stop(run)
         log.close()
@@ -47,24 +81,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict:
     return last
 
 
-class _Progress:
-    def __init__(self, enabled: bool, total: int, done: int):
-        self._bar = None
-        if enabled and sys.stderr.isatty():
-            from rich.progress import Progress
-
-            self._bar = Progress(*Progress.get_default_columns(), "{task.fields[info]}", transient=False)
-            self._task = self._bar.add_task("train", total=total, completed=done, info="")
-            self._bar.start()
-
-    def update(self, m: dict) -> None:
-        if self._bar is not None:
-            info = f"reward {m.get('rollout/reward', 0):.3f} tools {m.get('rollout/tool_call_rate', 0):.2f}"
-            self._bar.update(self._task, advance=1, info=info)
-        else:
-            print(json.dumps({k: m[k] for k in ("step", "loss", "seconds") if k in m}
-                             | {"reward": m.get("rollout/reward")}), file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+def _save(run, done: int) -> None:
+    with critical(), run.engine.pause():
+        save_checkpoint(run.run_dir, done, run.model, run.trainer.optimizer, run.trainer.scheduler,
+                        keep_last=run.cfg.checkpoint.keep_last, extra=checkpoint_extra(run))

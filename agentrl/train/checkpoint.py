@@ -120,6 +120,11 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def step_of(checkpoint: str | Path) -> int:
+    """The step a checkpoint directory was saved at (from its name)."""
+    return int(_STEP_DIR.match(Path(checkpoint).name).group(1))
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None

@@ -53,6 +53,17 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
     return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(cfg.warmup_steps, total_steps, cfg.min_lr_ratio))
 
 
+def retarget_schedule(scheduler, lr: float, total_steps: int) -> None:
+    """Make a resumed schedule the one the run asks for: a checkpoint restores the step count, and with it the
+    length and peak it was saved with, so a run extended from 2 to 4 steps would otherwise train at lr 0."""
+    for fn in scheduler.lr_lambdas:
+        fn.total_steps = total_steps
+    scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
+    for group, base, fn in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * fn(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
 def clip_grad_norm(params, max_norm: float | None) -> torch.Tensor:
     """Total gradient norm before clipping; clips to `max_norm` unless None (the norm is still wanted for logs)."""
     params = [p for p in params if p.grad is not None]

@@ -10,13 +10,15 @@ from tests.helpers import install_fake_trackers
 def test_train_gsm8k_tiny_qwen3_three_steps_then_resume(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     trackers = install_fake_trackers(monkeypatch)
-    assert main(["train", "gsm8k_math", "--model", "tiny-qwen3", "--max-steps", "3",
+    # Short turns keep a random model's rollouts (which rarely end by themselves) quick on a CPU.
+    small = ["--rollout.max_new_tokens=16", "--rollout.group_size=4", "--rollout.groups_per_step=2"]
+    assert main(["train", "gsm8k_math", "--model", "tiny-qwen3", "--max-steps", "3", *small,
                  "--metrics.report_to=trackio,tensorboard"]) == 0
     run = tmp_path / "runs" / "gsm8k_math"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
-        assert r["rollout/n"] == 32 and r["trained_tokens"] > 0 and not r["skipped"]  # 4 groups of 8
+        assert r["rollout/n"] == 8 and r["trained_tokens"] > 0 and not r["skipped"]  # 2 groups of 4
         assert r["loss/is_ratio_max"] < 1.01  # same weights in engine and trainer: behaviour logprobs agree
         assert sum(r["loss/staleness_hist"].values()) == r["tokens"]  # every trained token, by its policy lag
     assert latest_checkpoint(run) == step_dir(run, 3)
@@ -26,10 +28,16 @@ def test_train_gsm8k_tiny_qwen3_three_steps_then_resume(tmp_path, monkeypatch, c
     assert trackers["log"][0][1]["loss"] == records[0]["loss"]
     assert trackers["init"][0]["name"] == "gsm8k_math" and trackers["init"][0]["resume"] == "never"
     assert {step for key, _, step in trackers["scalars"] if key == "rollout/reward"} == {1, 2, 3}
-    # Resuming a finished run to a later step continues from the checkpoint, not from scratch (smaller
+    # A finished run says so and trains nothing; a changed config is refused, naming what changed ...
+    assert main(["train", "gsm8k_math", "--model", "tiny-qwen3", "--max-steps", "3", *small]) == 0
+    assert "already finished 3 steps" in capsys.readouterr().err
+    assert main(["train", "gsm8k_math", "--model", "tiny-qwen3", "--max-steps", "4", *small, "--rollout.group_size=2"]) == 2
+    assert "rollout.group_size (4 -> 2)" in capsys.readouterr().err
+    # ... unless --resume says to continue with the new values: from the checkpoint, not from scratch (smaller
     # rollouts: the point here is the resume, not the rollout size).
     assert main(["train", "gsm8k_math", "--model", "tiny-qwen3", "--max-steps", "4", "--rollout.group_size=2",
-                 "--rollout.groups_per_step=1", "--rollout.max_new_tokens=16"]) == 0
+                 "--rollout.groups_per_step=1", "--rollout.max_new_tokens=16", "--resume"]) == 0
+    assert "resuming runs/gsm8k_math from step 3 of 4" in capsys.readouterr().err
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert latest_checkpoint(run) == step_dir(run, 4)

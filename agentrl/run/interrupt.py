@@ -1,0 +1,69 @@
+"""Ctrl-C and SIGTERM (a cluster's notice before preemption) end a run cleanly: the first signal stops it where it
+stands and lets it save the last finished step; a second one exits at once.
+
+The signal raises `Interrupted` in the main thread, except inside `critical()` sections (the optimizer update and
+the version bump that must follow it, a checkpoint being written), where it is held until the section ends, so a
+run never stops with half its parameters updated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+
+_pending: list[int] = []  # the signal waiting for a critical section to end
+_depth = [0]
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def critical():
+    """Hold an interrupt until the block ends."""
+    _depth[0] += 1
+    try:
+        yield
+    finally:
+        _depth[0] -= 1
+        if _depth[0] == 0 and _pending:
+            raise Interrupted(_pending[0])
+
+
+@contextlib.contextmanager
+def interrupts_stop_the_run():
+    """Install the handlers for the block (main thread only; elsewhere signals keep their default)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seen: list[int] = []
+
+    def handle(signum, frame):
+        if seen:  # the second one: no more cleaning up
+            print(f"\nagentrl: {signal.Signals(signum).name} again: exiting now", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        seen.append(signum)
+        print(f"\nagentrl: {signal.Signals(signum).name}: stopping after saving the last finished step "
+              "(again to exit at once)", file=sys.stderr, flush=True)
+        if _depth[0]:
+            _pending.append(signum)
+        else:
+            raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _pending.clear()
