@@ -14,13 +14,10 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from agentrl.env.schema import json_type
 from agentrl.env.tools import ToolHandle
-
-if TYPE_CHECKING:
-    from agentrl.env.base import Environment, Episode
 
 __all__ = ["DELIVERED", "STATUSES", "WELL_FORMED", "ToolCall", "ToolStats", "check_arguments", "count_statuses",
            "render_output", "run_call", "run_calls"]
@@ -91,13 +88,15 @@ def count_statuses(calls: Iterable[ToolCall]) -> dict[str, int]:
     return dict(Counter(c.status for c in calls))
 
 
-async def run_calls(env: Environment, episode: Episode, calls: list[dict], turn: int) -> list[ToolCall]:
+# `env` is an `Environment` and `episode` its `Episode` (agentrl.env.base), left unannotated because base
+# imports this module.
+async def run_calls(env, episode, calls: list[dict], turn: int) -> list[ToolCall]:
     """Run parsed calls one after another (so tools that change `episode.state` see each other's effects in
     the order the model wrote them), recording each as made in `turn`."""
     return [await run_call(env, episode, call, turn) for call in calls]
 
 
-async def run_call(env: Environment, episode: Episode, call: dict, turn: int) -> ToolCall:
+async def run_call(env, episode, call: dict, turn: int) -> ToolCall:
     """Execute one entry of `parse_tool_calls`' output against `env`'s tools."""
     start = time.perf_counter()
     if not isinstance(call, dict) or "error" in call or not isinstance(call.get("name"), str):
@@ -111,7 +110,7 @@ async def run_call(env: Environment, episode: Episode, call: dict, turn: int) ->
     return ToolCall(turn, name, arguments, status, content, seconds=time.perf_counter() - start)
 
 
-async def _run(env: Environment, episode: Episode, name: str, arguments: Any) -> tuple[str, str]:
+async def _run(env, episode, name: str, arguments: Any) -> tuple[str, str]:
     """(status, content) of one well-parsed call."""
     handle = env.tool_handle(name)
     if handle is None:
