@@ -94,14 +94,16 @@ def parse_eval(argv: list[str]):
 
 def _train(argv: list[str]) -> int:
     from agentrl.config import ConfigError
-
-    from agentrl.run.run_dir import plan_run
+    from agentrl.run.preflight import check_inputs, locate_in_config, one_line, parse_one_line
 
     try:
-        cfg, mode = parse_train(argv)  # a bad config fails here, before any model is loaded
+        cfg, mode = parse_one_line(parse_train, argv, "agentrl train")  # a bad config fails here
+        check_inputs(cfg)  # ... and a bad environment or data file here: before torch is imported
+        from agentrl.run.run_dir import plan_run
+
         plan = plan_run(cfg, mode)
     except ConfigError as exc:
-        print(f"agentrl train: {exc}", file=sys.stderr)
+        print(f"agentrl train: {locate_in_config(one_line(exc), argv, TRAIN_FLAGS)}", file=sys.stderr)
         return 2
     from agentrl.run.interrupt import Interrupted
     from agentrl.run.train import train
@@ -115,11 +117,13 @@ def _train(argv: list[str]) -> int:
 
 def _eval(argv: list[str]) -> int:
     from agentrl.config import ConfigError
+    from agentrl.run.preflight import check_inputs, one_line, parse_one_line
 
     try:
-        cfg = parse_eval(argv)
+        cfg = parse_one_line(parse_eval, argv, "agentrl eval")
+        check_inputs(cfg)  # a bad environment or data file fails here, before torch is imported
     except ConfigError as exc:
-        print(f"agentrl eval: {exc}", file=sys.stderr)
+        print(f"agentrl eval: {one_line(exc)}", file=sys.stderr)
         return 2
     from agentrl.run.eval import evaluate
 
@@ -143,19 +147,40 @@ def _view(argv: list[str]) -> int:
     return 0
 
 
+def _replay(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="agentrl replay",
+                                description="Regenerate one logged rollout of a run and diff it against the log.")
+    p.add_argument("run_dir", help="a run directory trained with --metrics.log_samples=true")
+    p.add_argument("--sample", required=True, help="a sample id from RUN_DIR/samples.jsonl, e.g. g12m3")
+    a = p.parse_args(argv)
+    from agentrl.run.replay import replay
+
+    try:
+        diffs = replay(a.run_dir, a.sample)
+    except (FileNotFoundError, KeyError) as exc:
+        print(f"agentrl replay: {exc.args[0]}", file=sys.stderr)
+        return 2
+    for diff in diffs:
+        print(diff.line())
+    identical = all(d.identical for d in diffs)
+    print(f"{a.sample}: {'identical' if identical else 'differs'} ({len(diffs)} turns)")
+    return 0 if identical else 1
+
+
 def _plot(argv: list[str]) -> int:
     from agentrl.train.plot import main
 
     return main(argv)
 
 
-COMMANDS = {"train": _train, "eval": _eval, "view": _view, "plot": _plot}
-USAGE = """usage: agentrl {train,eval,view,plot} ...
+COMMANDS = {"train": _train, "eval": _eval, "view": _view, "plot": _plot, "replay": _replay}
+USAGE = """usage: agentrl {train,eval,view,plot,replay} ...
 
   train ENV --model M [--config file.yaml] [--key=value ...]   GRPO training with tools
   eval ENV --model M [--data PATH] [--limit N] [--out F.jsonl] offline evaluation
   view RESULTS.jsonl [--out F.html]                           trajectories as one HTML page
-  plot RUN_DIR                                                PNG curves of a training run"""
+  plot RUN_DIR                                                PNG curves of a training run
+  replay RUN_DIR --sample ID                                  regenerate a logged rollout, diff it token by token"""
 
 
 def main(argv: list[str] | None = None) -> int:

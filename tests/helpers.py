@@ -345,3 +345,21 @@ def install_fake_trackers(monkeypatch) -> dict:
     monkeypatch.setitem(sys.modules, "tensorboard", _module("tensorboard"))
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", writer)
     return calls
+
+
+# ------------------------------------------------------------------------------- an environment with spread
+
+
+def byte_sum_environment():
+    """GSM8K's calculator environment, rewarded by a hash of the answer's text: a random tiny model then gets a
+    spread of rewards in every group, so advantages (and updates) are never all zero."""
+    from environments.gsm8k_math import load_environment
+
+    env = load_environment()
+
+    def reward(episode):
+        text = episode.final_text or ""
+        return (sum(text.encode("utf-8", "replace")) % 97) / 96
+
+    env.reward = reward
+    return env

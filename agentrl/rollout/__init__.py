@@ -1,11 +1,18 @@
-"""Environments + engine → a stream of finished, token-exact, scored trajectories."""
+"""Environments + engine → a stream of finished, token-exact, scored trajectories.
 
-from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.driver import RolloutDriver
-from agentrl.rollout.groups import Group, ReadyPool, group_advantages
-from agentrl.rollout.metrics import DriverStats, summarize
-from agentrl.rollout.prompts import Prompt, PromptIterator
-from agentrl.rollout.trajectory import Trajectory
+Exports are lazy so that `agentrl.rollout.config` can be read by a run's config without importing the driver.
+"""
 
-__all__ = ["DriverStats", "Group", "Prompt", "PromptIterator", "ReadyPool", "RolloutConfig", "RolloutDriver",
-           "Trajectory", "group_advantages", "summarize"]
+_EXPORTS = {"RolloutConfig": "config", "RolloutDriver": "driver", "Group": "groups", "ReadyPool": "groups",
+            "group_advantages": "groups", "DriverStats": "metrics", "summarize": "metrics", "Prompt": "prompts",
+            "PromptIterator": "prompts", "Trajectory": "trajectory"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f"agentrl.rollout.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'agentrl.rollout' has no attribute {name!r}")

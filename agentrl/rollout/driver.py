@@ -12,7 +12,7 @@ The engine runs in its own thread (tp = 1), or, when nobody drives it, this loop
 from __future__ import annotations
 
 import asyncio
-import itertools
+import hashlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -26,11 +26,21 @@ from agentrl.rollout.prompts import Prompt, PromptIterator
 from agentrl.rollout.trajectory import Trajectory
 
 
+def turn_seed(seed: int, group_id: int, member: int, turn: int) -> int:
+    """The sampling seed of one turn, a function of the run's seed and the turn's identity only."""
+    digest = hashlib.blake2b(f"{seed}/{group_id}/{member}/{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # 63 bits
+
+
 class RolloutDriver:
     def __init__(self, env, engine, chat_format, prompts: PromptIterator, config: RolloutConfig | None = None,
-                 pool: ReadyPool | None = None, *, seed: int | None = None, bounded: bool = False):
-        """`seed`: per-rollout sampling seeds derive from it (None: the engine's generator). `bounded`: stop
-        starting groups while `config.max_ready_samples` wait in the pool (training's backpressure)."""
+                 pool: ReadyPool | None = None, *, seed: int | None = None, bounded: bool = False,
+                 deterministic: bool = False):
+        """`seed`: each turn's sampling seed derives from it and the turn's identity (group, member, turn), never
+        from timing (None: the engine's generator). `bounded`: stop starting groups while
+        `config.max_ready_samples` wait in the pool (training's backpressure). `deterministic`: the engine (which
+        this driver must step itself) runs only once every live rollout waits on it, and takes their requests in
+        (group, member) order, so what it computes does not depend on how fast tools return."""
         config = config if config is not None else RolloutConfig()
         self.env = env
         self.engine = engine
@@ -41,9 +51,13 @@ class RolloutDriver:
         self.max_ready_samples = config.max_ready_samples if bounded else None
         self.pool = pool if pool is not None else ReadyPool()
         self.stats = DriverStats(target_in_flight=config.rollouts_in_flight)
-        self._group_ids = itertools.count()
-        self._rollout_seeds = itertools.count()
+        self.deterministic = deterministic
+        self._next_group_id = 0
         self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._main_task: asyncio.Task | None = None
+        self._held: list = []  # deterministic mode: requests waiting for the next engine step, with their keys
+        self._in_engine = 0  # deterministic mode: requests submitted and not yet delivered
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
@@ -59,7 +73,11 @@ class RolloutDriver:
             if on_group is not None:
                 on_group(group)
 
-        asyncio.run(self._main(max_groups, keep))
+        try:
+            asyncio.run(self._main(max_groups, keep))
+        except asyncio.CancelledError:  # stop() ends the run: the groups finished so far are its result
+            if not self._stop.is_set():
+                raise
         return collected
 
     def start(self) -> None:
@@ -67,6 +85,8 @@ class RolloutDriver:
         def target():
             try:
                 asyncio.run(self._main(None, self.pool.put))
+            except asyncio.CancelledError:  # stop() cancelled the loop's main task
+                pass
             except BaseException as exc:  # surfaced to the trainer by `check()`
                 self.error = exc
 
@@ -74,7 +94,14 @@ class RolloutDriver:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop starting rollouts and cancel the ones in flight (their prompts stay unconsumed), promptly: the loop
+        is woken rather than left to notice at the next finished rollout."""
         self._stop.set()
+        if self._loop is not None and self._main_task is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._main_task.cancel)
+            except RuntimeError:  # the loop already closed
+                pass
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -83,16 +110,24 @@ class RolloutDriver:
         if self.error is not None:
             raise RuntimeError("the rollout driver failed") from self.error
 
+    def state_dict(self) -> dict:
+        return {"next_group_id": self._next_group_id}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._next_group_id = int(state["next_group_id"])
+
     # ---------------------------------------------------------------- the loop
     async def _main(self, max_groups: int | None, emit: Callable[[Group], None]) -> None:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(self.config.tool_workers, thread_name_prefix="agentrl-tool"))
+        self._loop, self._main_task = loop, asyncio.current_task()
         self._pump_stop = False
         # Either the driver steps the engine itself, or it watches the engine's own thread: a thread that died never
         # calls back, and without the watch every rollout (and the trainer behind them) would wait forever.
         pump = asyncio.create_task(self._watch() if self.engine.running_in_background else self._pump())
-        pending: list[Group] = []  # one entry per group member not yet started
+        pending: list[tuple[Group, int]] = []  # (group, member) not yet started
         tasks: set[asyncio.Task] = set()
+        self._tasks = tasks
         groups_started = 0
         try:
             while not self._stop.is_set():
@@ -109,10 +144,11 @@ class RolloutDriver:
                             prompt = next(self.prompts)
                         except StopIteration:
                             break
-                        group = Group(next(self._group_ids), prompt, self.config.group_size)
+                        group = Group(self._next_group_id, prompt, self.config.group_size)
+                        self._next_group_id += 1
                         groups_started += 1
-                        pending = [group] * group.size
-                    tasks.add(asyncio.create_task(self._rollout(pending.pop())))
+                        pending = [(group, member) for member in reversed(range(group.size))]
+                    tasks.add(asyncio.create_task(self._rollout(*pending.pop())))
                 more_prompts = bool(pending) or not (
                     self.prompts.exhausted() or (max_groups is not None and groups_started >= max_groups))
                 self.stats.observe_in_flight(len(tasks), refilling=more_prompts and not throttled)
@@ -146,7 +182,8 @@ class RolloutDriver:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)  # settled, so none is logged when collected
             self._pump_stop = True
-            await pump
+            await asyncio.gather(pump, return_exceptions=True)
+            self._loop = self._main_task = None
 
     def _pool_full(self) -> bool:
         limit = self.max_ready_samples
@@ -157,10 +194,26 @@ class RolloutDriver:
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(1, thread_name_prefix="agentrl-engine") as executor:
             while not self._pump_stop:
+                if self.deterministic and not self._submit_held():
+                    await asyncio.sleep(0.001)  # a rollout is still parsing or running tools
+                    continue
                 if self.engine.has_work():
                     await loop.run_in_executor(executor, self.engine.step)
                 else:
                     await asyncio.sleep(0.001)
+
+    def _submit_held(self) -> bool:
+        """Deterministic mode: once every live rollout waits on the engine, hand it the held requests in (group,
+        member) order and say it may step; False while some rollout is still between requests."""
+        if any(task.done() for task in self._tasks):
+            return False  # the driver has yet to collect it and start the next rollout in its place
+        if len(self._held) + self._in_engine < len(self._tasks):
+            return False
+        for _, ids, sampling, deliver in sorted(self._held, key=lambda held: held[0]):
+            self._in_engine += 1
+            self.engine.submit(ids, sampling, callback=deliver)
+        self._held.clear()
+        return True
 
     async def _watch(self) -> None:
         """Raise the background engine thread's failure (checked twice a second) until the driver stops."""
@@ -168,16 +221,27 @@ class RolloutDriver:
             self.engine.check()
             await asyncio.sleep(0.5)
 
-    async def _generate(self, ids: list[int], sampling: SamplingParams) -> Completion:
+    async def _generate(self, ids: list[int], sampling: SamplingParams, key: tuple) -> Completion:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
         def deliver(completion: Completion):
+            if self.deterministic:
+                self._in_engine -= 1  # on the engine's step, which the pump awaits: no race with the loop
             try:
                 loop.call_soon_threadsafe(lambda: future.done() or future.set_result(completion))
             except RuntimeError:  # the loop closed (driver stopped) before the engine finished this request
                 pass
 
+        if self.deterministic:
+            held = (key, ids, sampling, deliver)
+            self._held.append(held)
+            try:
+                return await future
+            except asyncio.CancelledError:
+                if held in self._held:
+                    self._held.remove(held)
+                raise
         request_id = self.engine.submit(ids, sampling, callback=deliver)
         try:
             return await future
@@ -185,19 +249,19 @@ class RolloutDriver:
             self.engine.cancel(request_id)  # a stopped driver hands its engine back with nothing left decoding
             raise
 
-    def _sampling(self, budget: int) -> SamplingParams:
+    def _sampling(self, budget: int, key: tuple) -> SamplingParams:
         c = self.config
-        seed = None if self.seed is None else self.seed * 1_000_003 + next(self._rollout_seeds)
+        seed = None if self.seed is None else turn_seed(self.seed, *key)
         return SamplingParams(max_new_tokens=budget, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                               seed=seed,
                               stop_sequences=tuple(map(tuple, self.fmt.stop_sequences)) if c.stop_after_tool_call else ())
 
-    async def _rollout(self, group: Group) -> Group:
+    async def _rollout(self, group: Group, member: int) -> Group:
         c, env, fmt = self.config, self.env, self.fmt
         prompt: Prompt = group.prompt
         episode = env.start(prompt.sample)  # its messages start as the prompt
         messages = list(episode.messages)
-        traj = Trajectory(prompt_index=prompt.index, epoch=prompt.epoch, group_id=group.group_id,
+        traj = Trajectory(prompt_index=prompt.index, epoch=prompt.epoch, group_id=group.group_id, member=member,
                           gold=prompt.sample.get("answer"))
         traj.append(fmt.prompt_ids(messages), trainable=False)
         traj.prompt_len = len(traj.input_ids)
@@ -207,7 +271,11 @@ class RolloutDriver:
             if budget <= 0:
                 traj.finish_reason = "truncated"
                 break
-            completion = await self._generate(list(traj.input_ids), self._sampling(budget))
+            key = (group.group_id, member, turn)
+            sampling = self._sampling(budget, key)
+            traj.turn_seeds.append(sampling.seed)
+            traj.turn_budgets.append(budget)
+            completion = await self._generate(list(traj.input_ids), sampling, key)
             start = len(traj.input_ids)
             traj.append(completion.token_ids, trainable=True, logprobs=completion.logprobs,
                         versions=completion.versions)

@@ -17,6 +17,7 @@ from agentrl.sample import TrainingSample
 class Trajectory(TrainingSample):
     prompt_index: int = 0
     epoch: int = 0
+    member: int = 0  # which rollout of its group
     prompt_len: int = 0
     turn_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each generated segment
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -25,6 +26,8 @@ class Trajectory(TrainingSample):
     finish_reason: str = ""  # "done", "max_turns", "truncated", "length"
     prefilled_tokens: list[int] = field(default_factory=list)  # per turn: prompt tokens the engine computed
     cached_tokens: list[int] = field(default_factory=list)  # per turn: prompt tokens served from the prefix cache
+    turn_seeds: list[int | None] = field(default_factory=list)  # per turn: the sampling seed (replay)
+    turn_budgets: list[int] = field(default_factory=list)  # per turn: the new-token budget it was given
     answer: str | None = None
     gold: Any = None
 

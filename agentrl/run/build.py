@@ -47,7 +47,9 @@ class Run:
     trainer: Trainer
     run_dir: Path
     start_step: int = 0
+    steps_done: int = 0  # the last step whose update finished
     resumed: bool = False
+    sample_log: object = None  # agentrl.run.replay.SampleLog when metrics.log_samples
     engine_stats: object = None  # the engine's counters at the end of the last step
     started: float = field(default_factory=time.perf_counter)
 
@@ -107,56 +109,69 @@ def attention_implementation(cfg: ModelConfig, model, device: str) -> str | None
 
 
 def engine_config(cfg: EngineConfig, rollout: RolloutConfig, seed: int, eos_token_ids: tuple[int, ...], *,
-                  training: bool) -> EngineConfig:
+                  training: bool, deterministic: bool = False) -> EngineConfig:
     """The engine section with what it leaves unset taken from the run: the longest rollout, the chat format's
     end-of-turn ids, the run's seed. In training the view's layers stay eager unless asked (compiling them together
-    with the trainer's stalled two GPU runs; see ModelConfig.compile_layers)."""
+    with the trainer's stalled two GPU runs; see ModelConfig.compile_layers). A deterministic run recomputes KV
+    after each update, so a resumed run (whose cache starts empty) computes what the straight run did."""
     return dataclasses.replace(
         cfg, max_model_len=cfg.max_model_len or rollout.max_sample_tokens,
         eos_token_ids=cfg.eos_token_ids if cfg.eos_token_ids is not None else tuple(eos_token_ids),
-        seed=seed, compile=cfg.compile if cfg.compile is not None or not training else False)
+        seed=seed, compile=cfg.compile if cfg.compile is not None or not training else False,
+        kv_on_update="recompute" if deterministic else cfg.kv_on_update)
 
 
 def make_engine(model, tokenizer, fmt: ChatFormat, cfg: EngineConfig, rollout: RolloutConfig, seed: int, *,
-                training: bool) -> Engine:
+                training: bool, deterministic: bool = False) -> Engine:
     """The engine over `model`'s own parameters (no copy)."""
-    return Engine(model, engine_config(cfg, rollout, seed, fmt.eos_token_ids, training=training), tokenizer=tokenizer)
+    config = engine_config(cfg, rollout, seed, fmt.eos_token_ids, training=training, deterministic=deterministic)
+    return Engine(model, config, tokenizer=tokenizer)
 
 
 # ------------------------------------------------------------------------------------------------ the run
 
 
-def build_run(cfg: TrainConfig) -> Run:
+def build_run(cfg: TrainConfig, checkpoint: Path | None | str = "latest") -> Run:
+    """Every part of a run, restored from `checkpoint` ("latest": the run dir's newest, if resuming; None: none)."""
     device = default_device()
     torch.manual_seed(cfg.seed)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
     env, dataset = load_env_and_data(cfg.env, split="train")
     model, tokenizer = load_policy(cfg.model, device, training=True)
     fmt = ChatFormat(tokenizer, env.tools())
-    engine = make_engine(model, tokenizer, fmt, cfg.engine, cfg.rollout, cfg.seed, training=True)
+    engine = make_engine(model, tokenizer, fmt, cfg.engine, cfg.rollout, cfg.seed, training=True,
+                         deterministic=cfg.deterministic)
     if cfg.model.compile_layers:  # the engine's view is a copy made above, with compiled layers of its own
         compile_decoder_layers(model, activation_memory_budget=cfg.model.activation_memory_budget)
     prompts = PromptIterator(dataset, seed=cfg.seed)
     trainer = Trainer(model, cfg.trainer, cfg.loss, cfg.optim, total_steps=cfg.steps,
                       temperature=cfg.rollout.temperature, hybrid_varlen=cfg.model.hybrid_varlen,
                       pad_token_id=tokenizer.pad_token_id or 0)
+    driver = RolloutDriver(env, engine, fmt, prompts, cfg.rollout, seed=cfg.seed, bounded=True,
+                           deterministic=cfg.deterministic)
     run_dir = Path(cfg.checkpoint.run_dir)
     start_step = 0
-    checkpoint = latest_checkpoint(run_dir) if cfg.checkpoint.resume else None
+    if checkpoint == "latest":
+        checkpoint = latest_checkpoint(run_dir) if cfg.checkpoint.resume else None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, trainer.optimizer, trainer.scheduler)
         start_step = state["step"]
         prompts.load_state_dict(state["extra"]["prompts"])
+        if "driver" in state["extra"]:
+            driver.load_state_dict(state["extra"]["driver"])
         trainer.load_state_dict(state["extra"])
         retarget_schedule(trainer.scheduler, cfg.optim.lr, cfg.steps)  # the schedule this run asks for
         engine.bump_version(start_step)
-    driver = RolloutDriver(env, engine, fmt, prompts, cfg.rollout, seed=cfg.seed, bounded=True)
     return Run(cfg=cfg, env=env, fmt=fmt, model=model, tokenizer=tokenizer, engine=engine, prompts=prompts,
-               driver=driver, trainer=trainer, run_dir=run_dir, start_step=start_step, resumed=checkpoint is not None)
+               driver=driver, trainer=trainer, run_dir=run_dir, start_step=start_step, steps_done=start_step,
+               resumed=checkpoint is not None)
 
 
 def start(run: Run) -> None:
-    run.engine.start()
-    run.driver.start()
+    if not run.cfg.deterministic:  # else each step runs its rollouts in this thread (see `step`)
+        run.engine.start()
+        run.driver.start()
     run.engine_stats = run.engine.stats
     run.started = time.perf_counter()
 
@@ -169,7 +184,10 @@ def stop(run: Run) -> None:
 def step(run: Run) -> dict:
     """One training step: the oldest finished groups → trainer → updated parameters and a new policy version."""
     t0 = time.perf_counter()
-    groups = take_groups(run.driver, run.cfg.rollout.samples_per_step)
+    if run.cfg.deterministic:
+        groups = generate_step(run)
+    else:
+        groups = take_groups(run.driver, run.cfg.rollout.samples_per_step)
     waited = time.perf_counter() - t0
     trajectories = [t for g in groups for t in g.trajectories]
     samples = [t for t in trajectories if any(t.trainable)]
@@ -189,6 +207,9 @@ def step(run: Run) -> dict:
         engine.restore_kv()
     for group in groups:
         run.prompts.consumed(group.prompt)
+    run.steps_done += 1
+    if run.sample_log is not None:
+        run.sample_log.write(run.steps_done, [t for g in groups for t in g.trajectories], run.cfg.rollout)
     seconds = time.perf_counter() - t0
     now = engine.stats
     generation = _generation_metrics(run.engine_stats, now, seconds)
@@ -200,8 +221,16 @@ def step(run: Run) -> dict:
             **{f"engine/{k}": v for k, v in dataclasses.asdict(now).items()}}
 
 
+def generate_step(run: Run) -> list:
+    """Deterministic mode: the step's groups, generated to the end in this thread, in a fixed order."""
+    groups = sorted(run.driver.run(max_groups=run.cfg.rollout.groups_per_step), key=lambda g: g.group_id)
+    for group in groups:
+        group.trajectories.sort(key=lambda t: t.member)
+    return groups
+
+
 def checkpoint_extra(run: Run) -> dict:
-    return {"prompts": run.prompts.state_dict(), **run.trainer.state_dict()}
+    return {"prompts": run.prompts.state_dict(), "driver": run.driver.state_dict(), **run.trainer.state_dict()}
 
 
 def take_groups(driver: RolloutDriver, n: int):

@@ -63,6 +63,11 @@ class TrainConfig(_Loadable):
     # Hand the engine's KV memory to the training step and take it back after (live rollouts continue exactly);
     # generation pauses during the step.
     release_kv_during_step: bool = False
+    # Replayable runs: generation and training alternate (a step's rollouts all finish, then the trainer steps),
+    # the engine takes requests in a fixed order and recomputes KV after each update, kernels are deterministic.
+    # Two runs of the same config give bit-identical weights, and so does a run stopped and resumed. Slower: the
+    # engine idles while the trainer steps.
+    deterministic: bool = False
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -87,6 +92,8 @@ class TrainConfig(_Loadable):
                 f"a sample never spans two rows")
         require(self.optim.warmup_steps <= self.steps, "optim.warmup_steps",
                 f"{self.optim.warmup_steps} exceeds steps ({self.steps})")
+        require(not (self.deterministic and self.release_kv_during_step), "release_kv_during_step",
+                "has nothing to release in deterministic mode (no rollout is live during a step)")
         if self.engine.max_model_len is not None:
             require(self.engine.max_model_len >= self.rollout.max_sample_tokens, "engine.max_model_len",
                     f"{self.engine.max_model_len} is below rollout.max_sample_tokens "

@@ -15,6 +15,7 @@ from agentrl.run.build import build_run, checkpoint_extra, start, step, stop
 from agentrl.run.config import TrainConfig
 from agentrl.run.interrupt import Interrupted, critical, interrupts_stop_the_run
 from agentrl.run.progress import TrainProgress
+from agentrl.run.replay import SampleLog
 from agentrl.run.run_dir import Plan, clear_run, cut_metrics, plan_run, write_atomic, write_directory_atomic
 from agentrl.train.checkpoint import latest_checkpoint, save_checkpoint, step_dir
 from agentrl.train.tracking import MetricsLog, Trackers
@@ -41,6 +42,8 @@ def _train(cfg: TrainConfig, plan: Plan, progress: bool) -> dict:
         cut_metrics(metrics_path, run.start_step)
     trackers = Trackers(cfg.metrics.report_to, run.run_dir, cfg.metrics.project, asdict(cfg), run.resumed)
     log = MetricsLog(metrics_path, resume=run.resumed, trackers=trackers)
+    if cfg.metrics.log_samples:
+        run.sample_log = SampleLog(run.run_dir, run.start_step if run.resumed else None)
     bar = TrainProgress(progress, cfg.steps, run.start_step, run)
     last: dict = {}
     done = run.start_step  # the last step whose update finished

@@ -116,6 +116,9 @@ class MetricsConfig:
     # Also send each step's numbers to these trackers (optional packages: pip install tensorboard / trackio).
     report_to: tuple[Literal["tensorboard", "trackio"], ...] = ()
     project: str = "agentrl"  # the trackio project
+    # Every trained rollout to samples.jsonl: its tokens, turn spans, per-turn seeds and budgets, sampling
+    # parameters, behaviour logprobs and policy versions, what `agentrl replay` needs to regenerate it.
+    log_samples: bool = False
 
     def __post_init__(self):
         check_types(self, "metrics")
