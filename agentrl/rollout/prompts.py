@@ -1,8 +1,8 @@
 """One iterator over the dataset, shared by everything that reads prompts.
 
 Rollouts start whenever a slot frees up, so the reader runs ahead of the trainer. A second iterator over the
-same dataset would hand out the opening prompts of an epoch twice (measured in the zero-sync design: a second
-iterator trained the first batches of every epoch twice), so there is exactly one, it is thread-safe, and its
+same dataset would hand out the opening prompts of an epoch twice (the zero-sync design trained the first
+batches of every epoch twice that way), so there is exactly one, it is thread-safe, and its
 position is part of every checkpoint: each prompt is read exactly once per epoch, none twice, none skipped,
 across epochs and restarts.
 

@@ -230,9 +230,7 @@ class ChunkedLMHead(torch.autograd.Function):
     Only `[chunk, V]` logits exist at any time. The forward keeps each row's logsumexp and entropy; the backward
     recomputes the chunk's logits and accumulates the weight gradient into one fp32 buffer. Past the GEMMs the
     work is memory-bound passes over `[chunk, V]` fp32, which is why those two steps are plain functions that
-    torch.compile fuses into one or two passes on GPU. Measured on an H200, 16k tokens x 152k vocab x 1024 hidden,
-    bf16, 1024-row chunks, forward + backward: 45 ms and 2.2 GiB compiled, 128 ms eager, against 51 ms and 28 GiB
-    for full fp32 logits.
+    torch.compile fuses into one or two passes on GPU (time and memory against full fp32 logits: BENCHMARKS.md).
     """
 
     @staticmethod
@@ -268,8 +266,8 @@ class ChunkedLMHead(torch.autograd.Function):
             g_ent = grad_entropy[s:e] if grad_entropy is not None else None
             gz = grad_step(_logits(hidden[s:e], weight), targets[s:e], lse[s:e], entropy[s:e], g_lp, g_ent, inv_temp,
                            weight.dtype)
-            # The GEMMs run in the model dtype; .float() copies here would fall onto fp32 SIMT kernels (the
-            # backward took 550 ms against 297 ms in bf16 on a 4B model). fp32 survives where it matters: in
+            # The GEMMs run in the model dtype; .float() copies here would fall onto fp32 SIMT kernels, several
+            # times slower than the tensor cores. fp32 survives where it matters: in
             # the softmax and in the buffer the weight gradient is summed into across chunks.
             if need_hidden:
                 grad_hidden[s:e] = gz @ weight

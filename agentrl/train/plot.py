@@ -16,7 +16,7 @@ PANELS = [
 ]
 
 
-# Trained and generated tokens/s differ by ~30x in a run sharing one GPU: on a linear axis one of them is flat.
+# Trained and generated tokens/s differ by an order of magnitude or more: on a linear axis one of them is flat.
 LOG_SCALE = {"tokens / s"}
 
 

@@ -1,7 +1,7 @@
 """Varlen attention for the training forward: the micro-batch's samples end to end in one row, boundaries given.
 
-flex_attention on packed `[R, T]` rows ran at ~95 TFLOP/s on an H200 for samples of 200-2000 tokens, and the rows'
-padding was a quarter of all the work. Flash attention's varlen kernel takes the real tokens as one flat row
+flex_attention on packed `[R, T]` rows computes the rows' padding and is slower than flash attention (BENCHMARKS.md,
+train step). Flash attention's varlen kernel takes the real tokens as one flat row
 `[1, N]` plus cumulative sample boundaries (`cu_seqlens`) and attends causally within each sample only, so neither
 the padding nor the attention between samples is computed. `logprobs.packed_hidden_states` builds that flat row
 whenever the model's attention implementation is one registered here (`takes_flat_layout`).

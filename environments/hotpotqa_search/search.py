@@ -52,8 +52,8 @@ class SearchIndex:
         docs = [tokenize(f"{title} {text}") for title, text in zip(self.titles, self.texts)]
         # BM25Okapi divides by the corpus size, so an empty corpus simply has no model.
         self._bm25 = BM25Okapi(docs) if docs else None
-        # BM25Okapi scores every document for every query term in Python, ~0.1 s per query over HotpotQA's
-        # dev paragraphs. Postings (term -> ascending doc ids and term counts) let a query touch only the
+        # BM25Okapi scores every document for every query term in Python, which is slow over a whole split's
+        # paragraphs. Postings (term -> ascending doc ids and term counts) let a query touch only the
         # documents that contain its terms, with the same formula and the same per-document order of
         # additions, hence the same scores.
         freqs = self._bm25.doc_freqs if self._bm25 else []
