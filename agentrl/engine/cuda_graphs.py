@@ -254,9 +254,9 @@ def token_buckets(max_tokens_per_step: int) -> tuple[int, ...]:
 class MixedGraphs(_GraphSet):
     """Graphs for steps that prefill: any mix of decodes and prompt chunks, padded to a token bucket.
 
-    Measured on the H200 before these graphs, such a step was host-bound: its eager forward spent longer
-    launching kernels than running them (benchmarks/profile_engine.py), and in a training run 40% of the
-    engine's steps were of this kind, because some rollout is always starting a turn.
+    Eager, such a step is host-bound: its forward spends longer launching kernels than running them
+    (benchmarks/profile_engine.py), and in training many of the engine's steps are of this kind, because some
+    rollout is always starting a turn.
 
     A bucket's graph runs the forward over `bucket` tokens and `seqs = min(max_num_seqs, bucket)` sequences:
     token rows past the step's are padding (slot -1, never attended), sequence rows past the step's have no

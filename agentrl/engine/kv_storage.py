@@ -6,10 +6,9 @@ every layer, so one block table serves all of them, and saving or restoring a se
 Release keeps live pages by copying them to host memory rather than dropping them to be recomputed:
 - it is exact, bit for bit, where a recompute runs the prompt through prefill instead of decode kernels
   (different reduction orders) and, after a weight update, through different weights;
-- it costs what the live KV weighs, not the pool: measured on CPU with SmolLM2-135M, 16 live sequences
-  (1,608 tokens, 76 MiB of pages) took 59 ms to save and 107 ms to restore (the restore includes zeroing
-  the whole 112 MiB pool) against 5.1 s to prefill the same contexts again; the zero-sync design this
-  project comes from released a 5.36 GiB cache this way every step at no measurable cost per step.
+- it costs what the live KV weighs, not the pool, far less than prefilling the same contexts again
+  (BENCHMARKS.md); the zero-sync design this project comes from released its whole cache this way every step
+  at no measurable cost per step.
 """
 
 from __future__ import annotations

@@ -80,8 +80,8 @@ def layout_step(batch, page_size: int, pad_to: int | None = None) -> HostStep:
     per-token and per-sequence parts to that many rows: token 0 at position 0, slot -1 (no KV write),
     context length 0 (nothing attended).
 
-    Per-sequence work is comprehensions and per-chunk work is ranges per page: a 512-sequence decode step
-    was measured at ~1 ms of host time this way, per-token Python loops cost several."""
+    Per-sequence work is comprehensions and per-chunk work is ranges per page: per-token Python loops would
+    cost several times the host time of a large decode step."""
     ps = page_size
     seqs = [item.seq for item in batch]
     first = [item.start for item in batch]
