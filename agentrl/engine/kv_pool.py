@@ -9,8 +9,8 @@ is left.
 
 Why a cryptographic digest rather than Python's `hash` plus a stored copy of the content to rule out
 collisions: the copies were tuples, one per page, and the garbage collector walked all of them, pausing
-resubmitted turns for a full collection (benchmarks/engine_host_cpu.py). A digest is a `bytes` object, which the collector never tracks, and at 128
-bits a collision needs ~2^64 pages.
+resubmitted turns for a full collection (benchmarks/engine_host_cpu.py). A digest is a `bytes` object, which
+the collector never tracks, and at 128 bits a collision needs ~2^64 pages.
 
 Only full pages are ever shared, and a full page is never written again, so sharing needs no copy-on-write.
 """
