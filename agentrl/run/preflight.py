@@ -40,10 +40,7 @@ class Inputs:
 
 def check_inputs(cfg) -> Inputs:
     """Load `cfg`'s environment (with `cfg.env.args`) and its data: split train for a TrainConfig, `cfg.split`
-    (and `cfg.limit`) for an EvalConfig. Every problem is a one-line ConfigError.
-
-    Environment arguments are normalised in place to the types the environment declares (`few_shot=2.0` becomes
-    2), so the run receives exactly the values checked here."""
+    (and `cfg.limit`) for an EvalConfig. Every problem is a one-line ConfigError; `cfg` is left as it is."""
     split = getattr(cfg, "split", "train")
     limits = [n for n in (cfg.env.data_limit, getattr(cfg, "limit", None)) if n is not None]
     env = check_environment(cfg.env)
@@ -82,7 +79,7 @@ def check_environment(env_cfg):
                               f"(its arguments: {', '.join(sorted(names))})")
         hint_type = accepted[key]
         if hint_type is not None and _coercible(hint_type):
-            env_cfg.args[key] = coerce(value, hint_type, where)
+            _check_type(value, hint_type, where)
     try:
         return load_environment(env_cfg.name, **env_cfg.args)
     except (TypeError, ValueError, LookupError, AttributeError) as exc:
@@ -146,6 +143,19 @@ def _hints(obj) -> dict[str, Any]:
         return typing.get_type_hints(obj)
     except Exception:  # an annotation that does not resolve: check no types rather than fail the run
         return {}
+
+
+def _check_type(value: Any, tp: Any, where: str) -> None:
+    """`value` must already be of type `tp` (an int where a float is declared is fine): the environment receives
+    it as given, so a 2.0 where an int is declared would fail in the middle of a rollout, not here."""
+    checked = coerce(value, tp, where)
+    if type(checked) is not type(value) and not (type(checked) is float and type(value) is int):
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _type_name(tp: Any) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return names.get(tp) or str(tp).replace("typing.", "")
 
 
 def _coercible(tp: Any) -> bool:

@@ -31,7 +31,12 @@ class GSM8KMathEnv(Environment):
 
     def load_dataset(self, split: str | None = None, path: str | None = None,
                      limit: int | None = None) -> list[dict]:
-        """Problems of `split` from `path` (None: the values given at construction)."""
+        """Problems of `split` from `path` (None: the values given at construction).
+
+        A local file's rows are checked as `environments.gsm8k_math.data` says: a malformed row is an error
+        naming its file and line; a row with a null or blank question or answer, or an answer without a final
+        number, is skipped and counted (`limit` counts the rows kept).
+        """
         problems = load_problems(split or self.split, path if path is not None else self.path, seed=self.seed)
         limit = limit if limit is not None else self.limit
         return problems if limit is None else problems[:limit]

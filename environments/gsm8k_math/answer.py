@@ -3,8 +3,14 @@
 Models write answers in many shapes ("#### 1,234", "\\boxed{\\frac{3}{4}}", "<answer>$5.00</answer>",
 "... so she has 18 apples."). Extraction looks for an explicit marker first, in the order GSM8K's own
 `#### n`, then `\\boxed{}`, then `<answer>`; without one it takes the last number in the text. The result is
-a canonical number string, so "5", "5.0" and "$5.00" all read "5", and comparison is exact arithmetic with a
-small tolerance rather than string equality.
+a canonical number string, so "5", "5.0" and "$5.00" all read "5".
+
+Comparison is exact arithmetic on rationals, never a tolerance: "0.5", "1/2", "\\frac{2}{4}" and "0.50" are one
+number, and 1000001 is not 1000000. A "%" is a unit, read as the number before it ("50%" is 50, as GSM8K writes a
+percent answer), never as a fraction of 100. The one inexact case: a number with no finite decimal expansion
+(2/3) cannot be written as a decimal, so a decimal of at least `MIN_SIGNIFICANT_DIGITS` significant digits (trailing
+zeros not counted) that is that number rounded to the nearest, or truncated, at its own last place stands for it
+(0.666667 and 0.666666 for 2/3, but not 0.67 nor 0.666668); the rule is symmetric, so a gold 0.6666667 accepts 2/3.
 """
 
 from __future__ import annotations
@@ -15,9 +21,9 @@ from fractions import Fraction
 
 __all__ = ["extract_answer", "extract_marked", "parse_number", "canonical", "gold_number", "is_correct"]
 
-# Relative tolerance of the comparison: tight, since gold answers are exact; it only absorbs long
-# decimal expansions such as 0.3333333333 for 1/3.
-TOLERANCE = 1e-6
+# Significant digits a decimal needs to stand for a number without a finite decimal expansion: as many as a
+# calculator shows at the least; "0.33" for 1/3 is a rounded answer, not the answer.
+MIN_SIGNIFICANT_DIGITS = 6
 
 _CURRENCY = "$€£¥₹"
 # One number: a fraction, a comma-grouped integer (1,234,567.5), a plain or decimal number, or ".5".
@@ -144,10 +150,27 @@ def gold_number(gold_answer: str) -> Fraction | None:
 
 
 def is_correct(completion: str | None, gold_answer: str) -> bool:
-    """Whether the completion's final answer equals the gold answer numerically."""
+    """Whether the completion's final answer equals the gold answer (exactly; see the module docstring)."""
     predicted = extract_answer(completion)
     gold = gold_number(gold_answer)
     if predicted is None or gold is None:
         return False
     value = parse_number(predicted)
-    return value is not None and abs(value - gold) <= TOLERANCE * max(1, abs(gold))
+    if value is None:
+        return False
+    return value == gold or _rounds_to(predicted, gold) or _rounds_to(canonical(gold), value)
+
+
+def _rounds_to(decimal_text: str, exact: Fraction) -> bool:
+    """Whether `decimal_text` (a canonical decimal such as "0.6666667") is `exact` rounded to the nearest or
+    truncated at its last place, where `exact` has no finite decimal expansion (so no rounding tie) and the
+    decimal carries enough significant digits."""
+    if "." not in decimal_text or "/" not in canonical(exact):
+        return False
+    places = len(decimal_text.split(".", 1)[1])
+    significant = len(decimal_text.replace("-", "").replace(".", "").lstrip("0"))
+    if significant < MIN_SIGNIFICANT_DIGITS:
+        return False
+    scale = 10 ** places
+    value = Fraction(Decimal(decimal_text))
+    return value in (Fraction(int(exact * scale), scale), Fraction(round(exact * scale), scale))  # int(): toward 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from agentrl import Environment, Episode, tool
-from environments.hotpotqa_search.data import load_samples
+from environments.hotpotqa_search.data import load_samples, split_index
 from environments.hotpotqa_search.metrics import answer_em, answer_f1, extract_answer, has_answer_tag, normalize_answer
 from environments.hotpotqa_search.search import SearchIndex, paragraphs_from_samples
 
@@ -26,10 +26,8 @@ SYSTEM_PROMPT = (
 )
 
 # Worked examples, shown as real conversation turns (question, searches with their results, answer) before the
-# sample's question. SmolLM2-135M-Instruct sampled at temperature 1.0 never wrote a well-formed call from the
-# instructions and tool schema alone, nor from a call example or a transcript of these examples inside the
-# system prompt (0 of 160 first turns each, HotpotQA dev); after these four, 37 of 160 did (16 after the first
-# two; 29 after six). Entities are made up so that no example gives away a real answer, and results have the
+# sample's question: a small model learns the call format from turns it can imitate far better than from the
+# instructions and schema alone (BENCHMARKS.md, the few-shot eval). Entities are made up so that no example gives away a real answer, and results have the
 # search tool's own layout.
 EXAMPLES: tuple[tuple[str, tuple[tuple[str, str], ...], str], ...] = (
     ("Which river flows through the city where the founder of Norbel Foods was born?", (
@@ -94,10 +92,9 @@ class HotpotQASearchEnv(Environment):
     # Worked examples before the question (see EXAMPLES); 0 shows the question alone.
     few_shot: int = 4
     # Weight of `format_reward` added to the F1; 0.0 leaves the component out, so reward is plain F1. On by
-    # default because F1 alone does not favour searching for a small model: SmolLM2-135M (4 examples, HotpotQA
-    # dev, 40 questions x 4 at temperature 1.0) scored F1 0.0045 after a search and 0.0053 without one, and
-    # only 12 of 40 groups had any reward spread (26 of 40 with the bonus). answer_f1 stays the metric to
-    # compare runs by; a wrong answer after a search scores 0.1, far below any right one.
+    # default because F1 alone does not favour searching for a small model, whose answers score about the same
+    # with or without a search, and few groups then have any reward spread (BENCHMARKS.md). answer_f1 stays the
+    # metric to compare runs by; a wrong answer after a search scores 0.1, far below any right one.
     format_bonus: float = 0.1
 
     def __init__(self, path: str | None = None, split: str = "train", limit: int | None = None, seed: int = 0,
@@ -123,7 +120,9 @@ class HotpotQASearchEnv(Environment):
         """Samples of `split` from `path` (None: the values given at construction).
 
         The search index covers the whole split, before `limit`, so a question sees the same search
-        results whether it is evaluated alone or among all the others.
+        results whether it is evaluated alone or among all the others. A local file's rows are checked as
+        `environments.hotpotqa_search.data` says: a malformed row is an error naming its file and line, a row
+        with a null or blank question or answer is skipped and counted (`limit` counts the rows kept).
         """
         split = split or self.split
         path = path if path is not None else self.path
@@ -132,7 +131,9 @@ class HotpotQASearchEnv(Environment):
         key = (split, None if path is None else str(path), self.seed)
         index = self._indexes.get(key)
         if index is None:
-            index = SearchIndex(paragraphs_from_samples(samples), self.max_paragraph_chars)
+            # Shared with any other environment of this process over the same data (the command line's input
+            # check loads the split once before the run does).
+            index = split_index(samples, split, path, self.seed, self.max_paragraph_chars)
             self._indexes[key] = index
         for sample in samples:
             self._index_of_sample[_sample_key(sample)] = index
