@@ -82,8 +82,22 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"--config {path}: no such file")
     if path.is_dir():
         raise ConfigError(f"--config {path}: is a directory, not a YAML file")
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            # YAML keeps the last of two equal keys without a word; in a config that hides which value is used.
+            first: dict[str, int] = {}
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    line = key_node.start_mark.line + 1
+                    if key_node.value in first:
+                        raise ConfigError(f"{path}:{line}: {key_node.value} is set twice in one section (first on "
+                                          f"line {first[key_node.value]})")
+                    first[key_node.value] = line
+            return super().construct_mapping(node, deep)
+
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -91,6 +105,8 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{where}: not valid YAML ({problem})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file") from None
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot be read ({exc.strerror or exc})") from None
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")

@@ -55,6 +55,8 @@ CASES = [
                                                                                      "no such file"]),
     ("config_is_a_directory", {"conf/a.yaml": "steps: 3\n"}, ["train", "gsm8k_math", "--config", "{tmp}/conf"],
      ["--config", "conf", "is a directory"]),
+    ("yaml_key_set_twice", {"c.yaml": "steps: 3\noptim:\n  lr: 0.1\n  warmup_steps: 1\n  lr: 0.2\n"},
+     ["train", "gsm8k_math", "--config", "{tmp}/c.yaml"], ["c.yaml:5:", "lr is set twice", "first on line 3"]),
     ("yaml_unknown_key", {"c.yaml": "steps: 3\noptim:\n  warmup_steps: 1\n  lrr: 0.1\n"},
      ["train", "gsm8k_math", "--config", "{tmp}/c.yaml"], ["c.yaml:4:", "optim.lrr", "did you mean optim.lr"]),
     ("yaml_bad_value", {"c.yaml": "steps: 3\noptim:\n  lr: -1\n"},
