@@ -29,7 +29,7 @@ class EngineConfig:
     `attention_backend`: "auto" takes the Triton kernels on CUDA (when triton imports and `page_size` is a
     power of two) and the torch reference elsewhere; "torch" / "triton" force one.
     `cuda_graphs`: replay pure-decode steps from CUDA graphs captured per batch-size bucket (CUDA with the
-    Triton backend only; see `agentrl.engine.cuda_graphs`). The graphs read the parameters by address, so
+    Triton backend only, and not on a tensor-parallel model; see `agentrl.engine.cuda_graphs`). The graphs read the parameters by address, so
     they stay valid across optimizer steps that update parameters in place, which is what the engine
     requires anyway (the view shares the training tensors); a re-assigned parameter is noticed and the
     graphs are captured again. With `mixed_step_graphs`, steps that prefill replay graphs too, one per token
@@ -38,7 +38,8 @@ class EngineConfig:
     the device), so host bookkeeping and scheduling run while the device computes. Off: each step is waited for
     before the next is scheduled. Outputs are identical either way.
     `compile`: torch.compile the view's decoder layers (None: on CUDA for models without linear-attention
-    layers); the training model is untouched. Costs a compile at the first steps.
+    layers; never on a tensor-parallel model); the training model is untouched. Costs a compile at the first steps.
+    On a tensor-parallel model every tp rank must use the same config (checked when the engine is built).
     `max_model_len`, `eos_token_ids` and `seed`: in a run these follow from the rollout's `max_sample_tokens`,
     the chat format and the run's seed when left unset.
     """

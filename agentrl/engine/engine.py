@@ -22,9 +22,13 @@ Data flow:
                   → Completions (returned, passed to callbacks, or queued for get_completion)
 
 Two drive modes: `start()` runs steps on a background thread (results through callbacks or
-`get_completion`), or the owner calls `step()` itself (tensor-parallel ranks, which must issue their
-collectives in one order). Every state change happens under one lock held for a whole step, so
-`pause()`, `release_kv()` and `bump_version()` never land in the middle of a forward.
+`get_completion`), or the owner calls `step()` itself. Every state change happens under one lock held for a
+whole step, so `pause()`, `release_kv()` and `bump_version()` never land in the middle of a forward.
+
+A tensor-parallel model (`agentrl.parallel.apply_tensor_parallel`) is decoded from its shards in place, each rank
+holding the KV of its own heads; its ranks must issue their collectives in one host order, so only the owner's
+`step()` drives it, on every rank as many times; a step takes in the submissions every rank has received, and is
+compared across the ranks before its forward (`tensor_parallel.py`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from agentrl.engine.sampler import Sampler
 from agentrl.engine.scheduler import FINISHED, Scheduler, Sequence
 from agentrl.engine.stats import EngineStats
 from agentrl.engine.step_layout import fill_placeholders, layout_step, step_inputs, upload
+from agentrl.engine.tensor_parallel import TensorParallel
 from agentrl.engine.types import Completion, SamplingParams
 
 
@@ -75,10 +80,12 @@ class Engine:
         self.config = config = config or EngineConfig()
         self.model = model
         self.device, self.dtype = model_device_dtype(model)
-        geo = self.geometry = geometry(model)
+        self.tp = TensorParallel.of(model)
+        geo = self.geometry = geometry(model, self.tp.size if self.tp else 1)
         self.view = make_view(model, register())
         compile_layers = config.compile if config.compile is not None else self.device.type == "cuda"
-        if compile_layers and not geo.linear_layers:
+        # Under tp the layers run DTensor hooks that swap parameters around each module's forward: left eager.
+        if compile_layers and not geo.linear_layers and self.tp is None:
             compile_decoder_layers(self.view)
         self.linear = LinearStates(self.view, geo, config.max_num_seqs) if geo.linear_layers else None
         if self.linear is not None and config.enable_prefix_cache:
@@ -90,6 +97,8 @@ class Engine:
         page_bytes = KVStorage.bytes_per_page(len(geo.attention_layers), config.page_size, geo.num_kv_heads,
                                               geo.head_dim, self.dtype)
         free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
+        if self.tp is not None:  # every tp rank the same pages: the smallest free memory of the group decides
+            free = self.tp.agree_at_construction(config, free)
         num_pages = config.resolve_num_pages(page_bytes, free)
         self.max_model_len = resolve_max_model_len(config, geo.max_position_embeddings, num_pages * config.page_size)
         self.pool = PagePool(num_pages, config.page_size, config.enable_prefix_cache)
@@ -100,6 +109,7 @@ class Engine:
         # Hybrid models plan their recurrent-state slots on the host per step, so they decode eagerly.
         graphs = config.cuda_graphs and self.device.type == "cuda" and self.backend.supports_graphs
         graphs = graphs and self.linear is None and graphs_supported(self.view)
+        graphs = graphs and self.tp is None  # a tp graph would capture NCCL all-reduces: not verified safe, so eager
         self.forward_parts = ForwardParts(self.view, self.backend, self.storage, self._layer_slot, geo,
                                           config.page_size, self.device, self.max_model_len)
         self.graphs = DecodeGraphs(self.forward_parts, config.max_num_seqs) if graphs else None
@@ -111,12 +121,13 @@ class Engine:
         self._lock = threading.RLock()  # held for a whole step
         self._inbox_lock = threading.Lock()
         self._inbox: deque[Sequence] = deque()
-        self._cancels: set[int] = set()
+        self._cancels: deque[int] = deque()
         self._live: dict[int, Sequence] = {}
         self._next_id = 0
         self._rng = random.Random(config.seed)
         self._recompute_pending = False
         self._in_flight: _InFlight | None = None
+        self._agreed = (0, 0)  # under tp: submissions and cancels every rank held at the last step's agreement
         self._released = False
         self._results: queue.Queue = queue.Queue()
         self._wake = threading.Event()
@@ -149,7 +160,7 @@ class Engine:
     def cancel(self, request_id: int) -> None:
         """Ends the request at the next step; its completion (finish_reason "cancelled") is delivered as usual."""
         with self._inbox_lock:
-            self._cancels.add(request_id)
+            self._cancels.append(request_id)
         self._wake.set()
 
     def generate(self, prompts, sampling: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
@@ -197,6 +208,10 @@ class Engine:
                 self.scheduler.preempt_all()
                 self.pool.clear_cache()
             batch = self.scheduler.schedule()
+            if self.tp is not None:  # before the forward, whose collectives would hang on a rank that drifted
+                with self._inbox_lock:
+                    received = (len(self._inbox), len(self._cancels))
+                self._agreed = self.tp.agree_step(batch, self.policy_version, received)
             launched = self._launch(batch, self.policy_version) if batch else None
             # Step n+1 is queued on the device before the host waits for step n: the device never idles
             # while the host appends tokens, checks stops and schedules.
@@ -270,6 +285,8 @@ class Engine:
             if flight.event is not None:
                 flight.event.synchronize()
             host_tokens, host_logprobs = flight.results.tolist()
+            if self.tp is not None:
+                self.tp.fold_tokens(host_tokens)
             for (seq, index), tok, lp in zip(flight.placed, host_tokens, host_logprobs):
                 if seq.status == FINISHED:  # cancelled meanwhile: its placeholders were dropped
                     continue
@@ -326,8 +343,13 @@ class Engine:
 
     def _drain_inbox(self) -> list[Sequence]:
         with self._inbox_lock:
-            new, self._inbox = list(self._inbox), deque()
-            cancels, self._cancels = self._cancels, set()
+            if self.tp is None:
+                new, self._inbox = list(self._inbox), deque()
+                cancels, self._cancels = list(self._cancels), deque()
+            else:  # what every tp rank had received at the last step's agreement, whenever each received it
+                new = [self._inbox.popleft() for _ in range(self._agreed[0])]
+                cancels = [self._cancels.popleft() for _ in range(self._agreed[1])]
+                self.tp.fold_arrivals(new, cancels)
         for seq in new:
             self._live[seq.request_id] = seq
             self.scheduler.add(seq)
@@ -353,6 +375,9 @@ class Engine:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
+        if self.tp is not None:
+            raise RuntimeError("a tensor-parallel engine is stepped by its owner (`step()`), never beside the "
+                               "training step: NCCL needs every rank's collectives in one host order")
         if self.running_in_background:
             return
         self._stopping = False

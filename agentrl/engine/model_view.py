@@ -6,6 +6,10 @@ trainer runs its own forward on another thread. The view has its own copy of eac
 memo maps each submodule's config to one copy, so composite models keep their text config distinct) with
 our attention implementation, and every parameter and buffer is the original tensor: an in-place optimizer
 step is what the next decode step reads, and nothing is ever copied.
+
+A tensor-parallel model's view shares its DTensor parameters the same way, and the hooks that make its modules
+compute on local tensors (torch's parallel styles, `agentrl.parallel`'s local views) are copied with the modules:
+they take the module they run on as an argument, so each copy handles its own.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from torch import nn
 
 @dataclass(frozen=True)
 class Geometry:
-    """What the KV pool must hold per token: the full-attention layers and their KV heads."""
+    """What the KV pool must hold per token: the full-attention layers and their KV heads. Head counts are this
+    rank's own under tensor parallelism (`tp_size` ranks, each attending over its slice of the heads)."""
 
     num_layers: int
     attention_layers: tuple[int, ...]  # layer_idx of each layer with a KV cache, in order
@@ -30,9 +35,12 @@ class Geometry:
     head_dim: int
     max_position_embeddings: int | None
     vocab_size: int
+    tp_size: int = 1
 
 
-def geometry(model: nn.Module) -> Geometry:
+def geometry(model: nn.Module, tp_size: int = 1) -> Geometry:
+    """`model`'s geometry as one of `tp_size` tensor-parallel ranks sees it (the vocabulary is whole everywhere:
+    the lm_head is replicated)."""
     cfg = model.config.get_text_config()
     n = cfg.num_hidden_layers
     types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * n)[:n]
@@ -44,15 +52,21 @@ def geometry(model: nn.Module) -> Geometry:
         )
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    local_heads, local_kv_heads = heads, getattr(cfg, "num_key_value_heads", None) or heads
+    if tp_size > 1:
+        from agentrl.parallel.tensor_parallel import local_head_counts
+
+        local_heads, local_kv_heads = local_head_counts(cfg, tp_size)
     return Geometry(
         num_layers=n,
         attention_layers=tuple(i for i, t in enumerate(types) if t == "full_attention"),
         linear_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
-        num_heads=heads,
-        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        num_heads=local_heads,
+        num_kv_heads=local_kv_heads,
         head_dim=head_dim,
         max_position_embeddings=getattr(cfg, "max_position_embeddings", None),
         vocab_size=cfg.vocab_size,
+        tp_size=tp_size,
     )
 
 

@@ -1,8 +1,9 @@
 """Tensor parallelism and replicas on real process groups: `worker.py` launched under torch.distributed.run
 (gloo, CPU, tiny fp32 models), each rank comparing itself with the single-process reference it also computes.
 
-Two launches: 2 processes run tp=2 (one replica) and then replicas=2 (tp=1) on meshes of their own; 4 processes
-run tp=2 × replicas=2.
+Three launches: 2 processes run tp=2 (one replica) and then replicas=2 (tp=1) on meshes of their own; 4 processes
+run tp=2 × replicas=2; 2 processes run the engine over a tp=2 model (`engine_scenario.py`), on a launch of its own
+so that a failure there leaves the others' results standing.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ def replica_ranks(request, two_processes, four_processes):
     if request.param == "replicas=2":
         return two_processes["replicas:1"]
     return four_processes["replicas:2"]
+
+
+@pytest.fixture(scope="module")
+def engine_ranks(tmp_path_factory):
+    return launch(2, ["engine:2"], tmp_path_factory.mktemp("engine"))["engine:2"]
 
 
 MODELS = ("tiny-qwen3", "tiny-qwen3.5")
@@ -152,3 +158,68 @@ def test_readiness_gate_asks_once_every_k_calls(replica_ranks):
         assert rank["gate_answers"] == [False, False, False, True]
         assert rank["gate_collectives"] == 1
         assert rank["gate_short"] is False
+
+
+# ------------------------------------------------------------------------------- the engine under tensor parallel
+
+# The engine tiny models keep the wide initialiser (logits ~40), where reassociated fp32 sums move a logprob by
+# ~1e-4; greedy tokens are compared exactly.
+LOGPROB_TOL = 3e-4
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tp_engine_decodes_local_heads_from_the_shared_shards(engine_ranks, model):
+    for rank in engine_ranks:
+        got = rank[model]
+        assert got["local_heads"] == [2, 1]  # 4 query and 2 KV heads over 2 ranks
+        assert got["kv_shape"][4] == 1  # the pool holds this rank's KV head only
+        assert got["view_shares_parameters"] and got["updated_in_place"]
+        assert got["graphs"] is False
+        assert got["steps_agreed"] >= got["stats_steps"] > 0  # every step was compared across the ranks
+    assert engine_ranks[0][model]["num_pages"] == engine_ranks[1][model]["num_pages"]
+    assert engine_ranks[0][model]["greedy_first"] == engine_ranks[1][model]["greedy_first"]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tp_engine_greedy_equals_one_process_across_turns_and_an_update(engine_ranks, model):
+    for rank in engine_ranks:
+        first, second = rank[model]["first"], rank[model]["second"]
+        for run in (first, second):
+            assert run["tokens_equal"] and run["versions_equal"]
+            assert run["logprob_diff"] <= LOGPROB_TOL
+            assert run["cached_tokens"] == run["reference_cached_tokens"]
+        assert rank[model]["versions_seen"] == [0, 1]  # the update landed in the middle of turn 2
+        if model == "tiny-qwen3":  # the prefix cache served turn 2's history (hybrid models recompute it)
+            assert sum(second["cached_tokens"]) > 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tp_engine_release_and_restore_keep_live_requests_exact(engine_ranks, model):
+    for rank in engine_ranks:
+        run = rank[model]["release"]
+        assert run["tokens_equal"] and run["logprob_diff"] == 0.0
+        assert run["kv_releases"] >= run["steps"] > 1  # after every step, the one completing the last included
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tp_engine_sampling_is_the_same_on_every_rank(engine_ranks, model):
+    rank0, rank1 = (rank[model]["sampled"] for rank in engine_ranks)
+    assert rank0["token_ids"] == rank1["token_ids"]
+    assert rank0["logprobs"] == rank1["logprobs"]
+    assert rank0["tokens_equal"] and rank0["logprob_diff"] <= LOGPROB_TOL  # and the one-process engine's draws
+    assert rank0["token_ids"] != engine_ranks[0][model]["greedy_first"]  # it did sample
+
+
+def test_tp_engine_takes_in_submissions_when_every_rank_has_them(engine_ranks):
+    # tp rank 1 received half the prompts three steps after tp rank 0: both took them in at the same step.
+    rank0, rank1 = (rank["late"] for rank in engine_ranks)
+    assert rank0["token_ids"] == rank1["token_ids"] and rank0["steps"] == rank1["steps"]
+    assert rank0["tokens_equal"] and rank0["logprob_diff"] <= LOGPROB_TOL  # the one-process engine's tokens
+
+
+def test_tp_engine_refuses_what_would_deadlock(engine_ranks):
+    for rank in engine_ranks:
+        assert rank["min_free_bytes"] == 1000  # the smallest free memory of the group sizes every rank's pool
+        assert "stepped by its owner" in rank["start"]
+        assert rank["different_seeds"] == "the engines of the tp group were built with different configs"
+        assert rank["different_order"] == "the tp ranks took in different requests or sampled different tokens"

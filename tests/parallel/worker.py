@@ -5,6 +5,8 @@ it, and writes what it measured to `<out>/rank<R>.json`; the tests assert on tho
 rank raises, so the launcher exits non-zero and the test shows the traceback.
 
     python -m torch.distributed.run --standalone --nproc-per-node N tests/parallel/worker.py OUT SCENARIO:TP ...
+
+SCENARIO is `tp`, `replicas` or `engine` (the engine on a tp-split model, in `engine_scenario.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import torch
 
 torch.set_num_threads(1)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, for `tests.*` imports
 
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
 
@@ -286,6 +289,12 @@ def readiness_gate(mesh) -> dict:
     return {"gate_answers": answers, "gate_collectives": gate.collectives, "gate_short": short}
 
 
+def engine(mesh) -> dict:
+    from tests.parallel.engine_scenario import engine_tp  # its imports (tests.helpers) only where it runs
+
+    return engine_tp(mesh)
+
+
 def main():
     """`worker.py OUT SCENARIO:TP [SCENARIO:TP ...]`: the scenarios run one after the other on one process group,
     each on a mesh of its own (a launch costs more than a scenario on these tiny models)."""
@@ -295,7 +304,7 @@ def main():
         scenario, tp_size = spec.split(":")
         mesh = init_mesh(ParallelConfig(tp_size=int(tp_size)))
         result = {"rank": mesh.rank, "replica": mesh.replica, "tp_rank": mesh.tp_rank, "n_replicas": mesh.n_replicas}
-        result.update({"tp": tensor_parallel, "replicas": replicas}[scenario](mesh))
+        result.update({"tp": tensor_parallel, "replicas": replicas, "engine": engine}[scenario](mesh))
         where = out_dir / spec.replace(":", "-tp")
         where.mkdir(parents=True, exist_ok=True)
         (where / f"rank{mesh.rank}.json").write_text(json.dumps(result))
