@@ -60,9 +60,10 @@ class Removed:
 
 
 def load(cls, data: dict | None = None, overrides: typing.Sequence[str] = (), *, path: str | Path | None = None,
-         deprecated: dict[str, Renamed | Removed] | None = None):
-    """Build `cls` from a YAML file (`path`), a mapping (`data`) and `--key=value` overrides, in that order."""
-    merged: dict = {}
+         deprecated: dict[str, Renamed | Removed] | None = None, base: dict | None = None):
+    """Build `cls` from `base` (defaults of a situation), a YAML file (`path`), a mapping (`data`) and `--key=value`
+    overrides, each over the one before."""
+    merged: dict = _merge({}, base or {})
     if path is not None:
         merged = _merge(merged, read_yaml(path))
     merged = _merge(merged, data or {})

@@ -42,14 +42,21 @@ DEPRECATED: dict[str, Renamed | Removed] = {
 }
 
 
+# Without an accelerator the command line starts from these instead of the GPU-sized defaults, so that a first run on
+# a laptop finishes a step in minutes (README: what each command costs); anything set explicitly still wins.
+CPU_SIZED_TRAIN = {"rollout": {"group_size": 2, "groups_per_step": 1, "rollouts_in_flight": 4, "max_new_tokens": 64,
+                               "max_turns": 2}}
+CPU_SIZED_EVAL = {"rollout": {"rollouts_in_flight": 10, "max_new_tokens": 64, "max_turns": 3}}
+
+
 class _Loadable:
     @classmethod
-    def from_dict(cls, data: dict | None = None, overrides: typing.Sequence[str] = ()):
-        return load(cls, data, overrides, deprecated=DEPRECATED)
+    def from_dict(cls, data: dict | None = None, overrides: typing.Sequence[str] = (), base: dict | None = None):
+        return load(cls, data, overrides, deprecated=DEPRECATED, base=base)
 
     @classmethod
-    def from_yaml(cls, path: str | Path, overrides: typing.Sequence[str] = ()):
-        return load(cls, None, overrides, path=path, deprecated=DEPRECATED)
+    def from_yaml(cls, path: str | Path, overrides: typing.Sequence[str] = (), base: dict | None = None):
+        return load(cls, None, overrides, path=path, deprecated=DEPRECATED, base=base)
 
     def to_yaml(self) -> str:
         return to_yaml(self)
