@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import importlib
 import inspect
 import io
 import re
@@ -50,22 +49,23 @@ def check_inputs(cfg) -> Inputs:
 
 # ------------------------------------------------------------------------------------------- environment
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 # Arguments the run sets itself: load_env_and_data always passes the split, so one given here would do nothing.
 _SET_BY_THE_RUN = {"split": "the run reads split train in training and --split in eval"}
 
 
 def check_environment(env_cfg):
-    """The environment `env_cfg` names, built with its arguments; unknown names and arguments, values of the
-    wrong type and values the environment refuses are one-line ConfigErrors."""
-    from agentrl.env import load_environment
+    """The environment `env_cfg` names (a built-in, an entry point, module:Class or path/file.py:Class), built
+    with its arguments; unknown names and arguments, values of the wrong type and values the environment refuses
+    are one-line ConfigErrors."""
+    from agentrl.env import Environment
+    from agentrl.env.loading import resolve_environment
 
-    module = _environment_module(env_cfg.name)
-    factory = getattr(module, "load_environment", None)
-    if not callable(factory):
-        raise ConfigError(f"env.name: {module.__name__} does not define a module-level load_environment(**kwargs)")
-    accepted = environment_arguments(module, factory)
-    for key, value in list(env_cfg.args.items()):
+    try:
+        found = resolve_environment(env_cfg.name)
+    except ValueError as exc:
+        raise ConfigError(f"env.name: {one_line(exc)}") from None
+    accepted = environment_arguments(found.module, found.factory)
+    for key, value in env_cfg.args.items():
         where = f"env.args.{key}"
         if key in _SET_BY_THE_RUN:
             raise ConfigError(f"{where}: has no effect ({_SET_BY_THE_RUN[key]})")
@@ -81,55 +81,53 @@ def check_environment(env_cfg):
         if hint_type is not None and _coercible(hint_type):
             _check_type(value, hint_type, where)
     try:
-        return load_environment(env_cfg.name, **env_cfg.args)
+        env = found.factory(**env_cfg.args)
     except (TypeError, ValueError, LookupError, AttributeError) as exc:
         raise ConfigError(f"env.args: {env_cfg.name}: {one_line(exc)}") from None
-
-
-def _environment_module(name: str) -> types.ModuleType:
-    from agentrl.env import available_environments
-
-    module_name = f"environments.{name.replace('-', '_')}"
-    if _NAME.fullmatch(name):
-        try:
-            return importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name not in (module_name, "environments"):
-                raise ConfigError(f"env.name: environment {name!r} needs the module {exc.name!r}, which is not "
-                                  f"installed") from None
-        except ImportError as exc:
-            raise ConfigError(f"env.name: environment {name!r} fails to import ({one_line(exc)})") from None
-    known = available_environments()
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    raise ConfigError(f"env.name: unknown environment {name!r}{hint} (available: {', '.join(known) or 'none'})")
+    if not isinstance(env, Environment):
+        raise ConfigError(f"env.name: {env_cfg.name} gives a {type(env).__name__}, not an Environment")
+    return env
 
 
 def environment_arguments(module: types.ModuleType, factory: Callable) -> dict[str, Any] | None:
-    """Every keyword the environment accepts, with its type hint (None where it has none): the factory's own
-    parameters, and where it passes **kwargs on, those of the module's Environment classes (their constructors'
-    parameters and the class-level settings `Environment.__init__` lets a keyword override). None when the
-    factory passes **kwargs to something else."""
+    """Every keyword the environment accepts, with its type hint (None where it has none). A class takes its
+    constructor's parameters and, where that passes **kwargs on to `Environment.__init__`, the class-level settings
+    a keyword may override. A function takes its own parameters and, where it passes **kwargs on, what the
+    Environment classes of its module take; None when its module defines none (it passes them to something this
+    cannot see)."""
     from agentrl.env import Environment
 
+    if isinstance(factory, type):
+        return _class_arguments(factory)
     accepted = _parameters(factory)
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(factory).parameters.values()):
+    if not _takes_any_keyword(factory):
         return accepted
     classes = [c for c in vars(module).values()
                if isinstance(c, type) and issubclass(c, Environment) and c.__module__ == module.__name__]
     if not classes:
         return None
     for cls in classes:
-        for name, hint in _parameters(cls.__init__).items():
+        for name, hint in _class_arguments(cls).items():
             accepted.setdefault(name, hint)
-        hints = _hints(cls)
-        for name in dir(cls):
-            static = inspect.getattr_static(cls, name)
-            if name.startswith("_") or callable(getattr(cls, name)) or isinstance(static, (property, classmethod,
-                                                                                          staticmethod)):
-                continue
-            accepted.setdefault(name, hints.get(name))
     return accepted
+
+
+def _class_arguments(cls: type) -> dict[str, Any]:
+    accepted = _parameters(cls.__init__)
+    if not _takes_any_keyword(cls.__init__):
+        return accepted
+    hints = _hints(cls)
+    for name in dir(cls):  # what Environment.__init__ accepts as a keyword: public, non-callable class attributes
+        static = inspect.getattr_static(cls, name)
+        if name.startswith("_") or callable(getattr(cls, name)) or isinstance(static, (property, classmethod,
+                                                                                      staticmethod)):
+            continue
+        accepted.setdefault(name, hints.get(name))
+    return accepted
+
+
+def _takes_any_keyword(fn: Callable) -> bool:
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
 
 
 def _parameters(fn: Callable) -> dict[str, Any]:
