@@ -77,7 +77,8 @@ def cache_tiny_model(tmp_path, repo_id: str) -> float:
 def test_hub_ids_without_network(tmp_path):
     weights = cache_tiny_model(tmp_path, "agentrl-tests/tiny")
     out = hub_run(tmp_path, "agentrl-tests/no-such-model", "tiny-qwen", "agentrl-tests/tiny")
-    assert out["agentrl-tests/no-such-model"] == f"could not download agentrl-tests/no-such-model: no network; {CHOICES}"
+    missing = out["agentrl-tests/no-such-model"]
+    assert missing == f"could not download agentrl-tests/no-such-model: no network; {CHOICES}"
     assert out["tiny-qwen"] == f"could not download tiny-qwen: no network; {CHOICES} (did you mean tiny-qwen3?)"
     assert out["agentrl-tests/tiny"] == pytest.approx(weights)  # from the cache, without network
 

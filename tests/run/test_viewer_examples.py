@@ -8,8 +8,9 @@ from html.parser import HTMLParser
 from agentrl.view import render, split_messages
 
 SYSTEM = {"role": "system", "content": "Search, then answer."}
+SEARCH_A = '<tool_call>{"name": "search", "arguments": {"query": "a"}}</tool_call>'
 EXAMPLE_ONE = [{"role": "user", "content": "Example question one?"},
-               {"role": "assistant", "content": '<tool_call>{"name": "search", "arguments": {"query": "a"}}</tool_call>'},
+               {"role": "assistant", "content": SEARCH_A},
                {"role": "tool", "name": "search", "content": "[1] A\nA is B."},
                {"role": "assistant", "content": "<answer>B</answer>"}]
 EXAMPLE_TWO = [{"role": "user", "content": "Example question two?"},
