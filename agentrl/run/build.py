@@ -5,6 +5,8 @@ takes the oldest finished groups from the ready pool, trains on them and returns
 never waits for training: the engine decodes in its own thread from the very parameters the optimizer updates,
 the driver keeps its batch full, and the optimizer step runs under `engine.pause()` followed by the version bump
 that tags every later token with the new policy. `agentrl eval` builds its parts with the same functions.
+A run launched on several processes (`agentrl.run.distributed`) alternates generation and training instead, and
+pools, shares out and sums what its replicas generate and train.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from agentrl.env.config import EnvConfig
 from agentrl import models
 from agentrl.rollout import PromptIterator, RolloutConfig, RolloutDriver, summarize
 from agentrl.run.config import TrainConfig
+from agentrl.run.distributed import ParallelRun, restore_rollout_state, warn
 from agentrl.run.interrupt import critical
 from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint
 from agentrl.train.config import ModelConfig
@@ -52,6 +55,7 @@ class Run:
     sample_log: object = None  # agentrl.run.replay.SampleLog when metrics.log_samples
     engine_stats: object = None  # the engine's counters at the end of the last step
     started: float = field(default_factory=time.perf_counter)
+    parallel: ParallelRun | None = None  # this process's place in a run of several; None for one process
 
 
 # ------------------------------------------------------------------------------------------------ the parts
@@ -131,45 +135,59 @@ def make_engine(model, tokenizer, fmt: ChatFormat, cfg: EngineConfig, rollout: R
 # ------------------------------------------------------------------------------------------------ the run
 
 
-def build_run(cfg: TrainConfig, checkpoint: Path | None | str = "latest") -> Run:
-    """Every part of a run, restored from `checkpoint` ("latest": the run dir's newest, if resuming; None: none)."""
-    device = default_device()
+def build_run(cfg: TrainConfig, checkpoint: Path | None | str = "latest", parallel: ParallelRun | None = None) -> Run:
+    """Every part of a run, restored from `checkpoint` ("latest": the run dir's newest, if resuming; None: none).
+    `parallel`: this process's place in a run of several (`ParallelRun.setup`)."""
+    device = parallel.device if parallel is not None else default_device()
     torch.manual_seed(cfg.seed)
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
     env, dataset = load_env_and_data(cfg.env, split="train")
     model, tokenizer = load_policy(cfg.model, device, training=True)
+    if parallel is not None:
+        parallel.prepare_model(model)
     fmt = ChatFormat(tokenizer, env.tools())
     engine = make_engine(model, tokenizer, fmt, cfg.engine, cfg.rollout, cfg.seed, training=True,
                          deterministic=cfg.deterministic)
     if cfg.model.compile_layers:  # the engine's view is a copy made above, with compiled layers of its own
         compile_decoder_layers(model, activation_memory_budget=cfg.model.activation_memory_budget)
-    prompts = PromptIterator(dataset, seed=cfg.seed)
+    if parallel is not None:
+        prompts = parallel.prompt_iterator(dataset, cfg.seed)
+    else:
+        prompts = PromptIterator(dataset, seed=cfg.seed)
     trainer = Trainer(model, cfg.trainer, cfg.loss, cfg.optim, total_steps=cfg.steps,
                       temperature=cfg.rollout.temperature, hybrid_varlen=cfg.model.hybrid_varlen,
                       pad_token_id=tokenizer.pad_token_id or 0)
+    # Several processes alternate generation and training, the engine taking requests in a fixed order: what tp
+    # ranks need to step their engines alike.
     driver = RolloutDriver(env, engine, fmt, prompts, cfg.rollout, seed=cfg.seed, bounded=True,
-                           deterministic=cfg.deterministic)
+                           deterministic=cfg.deterministic or parallel is not None)
+    if parallel is not None:
+        parallel.prepare_trainer(trainer, cfg.optim, cfg.steps)
+        parallel.prepare_driver(driver)
     run_dir = Path(cfg.checkpoint.run_dir)
     start_step = 0
     if checkpoint == "latest":
         checkpoint = latest_checkpoint(run_dir) if cfg.checkpoint.resume else None
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint, model, trainer.optimizer, trainer.scheduler)
+        options = parallel.load_options(model) if parallel is not None else {}
+        state = load_checkpoint(checkpoint, model, trainer.optimizer, trainer.scheduler, **options)
+        if state.get("optimizer_afresh"):
+            warn(f"{checkpoint} was {state['optimizer_afresh']}: the model and schedule are loaded, the optimizer "
+                 "state starts afresh")
         start_step = state["step"]
-        prompts.load_state_dict(state["extra"]["prompts"])
-        if "driver" in state["extra"]:
-            driver.load_state_dict(state["extra"]["driver"])
+        where = (parallel.mesh.replica, parallel.mesh.n_replicas) if parallel is not None else (0, 1)
+        restore_rollout_state(state["extra"], prompts, driver, *where)
         trainer.load_state_dict(state["extra"])
         retarget_schedule(trainer.scheduler, cfg.optim.lr, cfg.steps)  # the schedule this run asks for
         engine.bump_version(start_step)
     return Run(cfg=cfg, env=env, fmt=fmt, model=model, tokenizer=tokenizer, engine=engine, prompts=prompts,
                driver=driver, trainer=trainer, run_dir=run_dir, start_step=start_step, steps_done=start_step,
-               resumed=checkpoint is not None)
+               resumed=checkpoint is not None, parallel=parallel)
 
 
 def start(run: Run) -> None:
-    if not run.cfg.deterministic:  # else each step runs its rollouts in this thread (see `step`)
+    if not alternating(run):  # else each step runs its rollouts in this thread (see `step`)
         run.engine.start()
         run.driver.start()
     run.engine_stats = run.engine.stats
@@ -184,11 +202,14 @@ def stop(run: Run) -> None:
 def step(run: Run) -> dict:
     """One training step: the oldest finished groups → trainer → updated parameters and a new policy version."""
     t0 = time.perf_counter()
-    if run.cfg.deterministic:
+    if alternating(run):
         groups = generate_step(run)
     else:
         groups = take_groups(run.driver, run.cfg.rollout.samples_per_step)
     waited = time.perf_counter() - t0
+    local_groups = groups
+    if run.parallel is not None:
+        groups = run.parallel.pool_groups(groups, run.cfg.rollout.groups_per_step)
     trajectories = [t for g in groups for t in g.trajectories]
     samples = [t for t in trajectories if any(t.trainable)]
     engine = run.engine
@@ -202,34 +223,52 @@ def step(run: Run) -> dict:
 
     if run.cfg.release_kv_during_step:
         engine.release_kv()
-    trained = run.trainer.step(samples, engine.policy_version, guard=update_guard)
+    if run.parallel is not None:
+        trained = run.parallel.train(run.trainer, samples, engine.policy_version, update_guard)
+    else:
+        trained = run.trainer.step(samples, engine.policy_version, guard=update_guard)
     if run.cfg.release_kv_during_step:
         engine.restore_kv()
-    for group in groups:
+    for group in local_groups:
         run.prompts.consumed(group.prompt)
     run.steps_done += 1
+    if run.parallel is not None:
+        run.parallel.check_weights(run.model, run.steps_done, force=run.steps_done == run.cfg.steps)
     if run.sample_log is not None:
         run.sample_log.write(run.steps_done, [t for g in groups for t in g.trajectories], run.cfg.rollout)
     seconds = time.perf_counter() - t0
     now = engine.stats
     generation = _generation_metrics(run.engine_stats, now, seconds)
     run.engine_stats = now
-    return {"loss": trained.pop("loss"), **trained, "seconds": seconds, "wait_seconds": waited,
-            "ready_groups": len(run.driver.pool), "ready_pool_age_s": run.driver.pool.oldest_age(),
-            "rollouts_in_flight": run.driver.stats.in_flight, **generation,
-            **{f"rollout/{k}": v for k, v in summarize(trajectories).items()},
-            **{f"engine/{k}": v for k, v in dataclasses.asdict(now).items()}}
+    metrics = {"loss": trained.pop("loss"), **trained, "seconds": seconds, "wait_seconds": waited,
+               "ready_groups": len(run.driver.pool), "ready_pool_age_s": run.driver.pool.oldest_age(),
+               "rollouts_in_flight": run.driver.stats.in_flight, **generation,
+               **{f"rollout/{k}": v for k, v in summarize(trajectories).items()},
+               **{f"engine/{k}": v for k, v in dataclasses.asdict(now).items()}}
+    return run.parallel.reduce_generation_metrics(metrics) if run.parallel is not None else metrics
+
+
+def alternating(run: Run) -> bool:
+    """Whether each step generates its rollouts to the end in this thread before training (deterministic mode,
+    and every run of several processes), rather than taking them from a driver generating beside the trainer."""
+    return run.cfg.deterministic or run.parallel is not None
 
 
 def generate_step(run: Run) -> list:
-    """Deterministic mode: the step's groups, generated to the end in this thread, in a fixed order."""
-    groups = sorted(run.driver.run(max_groups=run.cfg.rollout.groups_per_step), key=lambda g: g.group_id)
+    """Deterministic mode: the step's groups, generated to the end in this thread, in a fixed order (under
+    several processes, this replica's part of them)."""
+    wanted = run.cfg.rollout.groups_per_step
+    if run.parallel is not None:
+        wanted = run.parallel.groups_to_generate(wanted)
+    groups = sorted(run.driver.run(max_groups=wanted), key=lambda g: g.group_id)
     for group in groups:
         group.trajectories.sort(key=lambda t: t.member)
     return groups
 
 
 def checkpoint_extra(run: Run) -> dict:
+    if run.parallel is not None:
+        return run.parallel.checkpoint_extra(run.prompts, run.driver, run.trainer)
     return {"prompts": run.prompts.state_dict(), "driver": run.driver.state_dict(), **run.trainer.state_dict()}
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from agentrl.config import ConfigError, Removed, Renamed, check_types, load, require, to_yaml
 from agentrl.engine.config import EngineConfig
 from agentrl.env.config import EnvConfig
+from agentrl.parallel.config import ParallelConfig
 from agentrl.rollout.config import RolloutConfig
 from agentrl.train.config import (CheckpointConfig, LossConfig, MetricsConfig, ModelConfig, OptimConfig,
                                   TrainerConfig)
@@ -84,6 +85,7 @@ class TrainConfig(_Loadable):
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
         check_types(self, "")
@@ -101,6 +103,8 @@ class TrainConfig(_Loadable):
                 f"{self.optim.warmup_steps} exceeds steps ({self.steps})")
         require(not (self.deterministic and self.release_kv_during_step), "release_kv_during_step",
                 "has nothing to release in deterministic mode (no rollout is live during a step)")
+        require(not (self.parallel.tp_size > 1 and self.model.compile_layers), "model.compile_layers",
+                "is not supported with parallel.tp_size > 1 (the split layers run hooks around each module)")
         if self.engine.max_model_len is not None:
             require(self.engine.max_model_len >= self.rollout.max_sample_tokens, "engine.max_model_len",
                     f"{self.engine.max_model_len} is below rollout.max_sample_tokens "
