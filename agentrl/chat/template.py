@@ -21,6 +21,8 @@ from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from agentrl.chat.unicode import encodable
+
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 DEFAULT_TEMPLATE = "chatml_tools"
 TOOL_CALL_END = "</tool_call>"
@@ -147,8 +149,9 @@ class ChatFormat:
                                      add_generation_prompt=add_generation_prompt, **variables)
 
     def encode(self, text: str) -> list[int]:
-        # The template writes every special token itself (bos included), so the tokenizer must add none.
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        # The template writes every special token itself (bos included), so the tokenizer must add none. A lone
+        # surrogate (from a tool's output, JSON a model wrote, a data file) would make the tokenizer raise.
+        return list(self.tokenizer.encode(encodable(text), add_special_tokens=False))
 
     def decode(self, ids: list[int], *, strip_eos: bool = True) -> str:
         """Text of generated ids with special tokens kept (they carry the tool-call tags), minus a final eos."""

@@ -40,7 +40,10 @@ class Episode:
     @property
     def turns(self) -> int:
         """Number of assistant turns so far, not counting any in the prompt."""
-        return sum(1 for m in self.messages[self.num_prompt_messages:] if m.get("role") == "assistant")
+        # A tool holds the episode too and may have left anything here; counting turns must still work.
+        messages = self.messages if isinstance(self.messages, list) else []
+        start = self.num_prompt_messages if isinstance(self.num_prompt_messages, int) else 0
+        return sum(1 for m in messages[start:] if isinstance(m, dict) and m.get("role") == "assistant")
 
 
 class Environment:
@@ -103,6 +106,8 @@ class Environment:
         latest assistant turn (turn 0 if none has been recorded yet); the same records are returned.
         """
         records = await run_calls(self, episode, calls, turn=max(episode.turns - 1, 0))
+        if not isinstance(episode.tool_calls, list):  # a tool replaced it: these records are kept all the same
+            episode.tool_calls = []
         episode.tool_calls.extend(records)
         return records
 

@@ -1,7 +1,10 @@
 """Executing parsed tool calls: argument checks, timeouts, output limits, failures as messages.
 
 A rollout must survive anything a sampled model writes and anything a tool does, so every outcome becomes a
-`ToolCall` record whose `content` tells the model what happened, and nothing here raises into the driver.
+`ToolCall` record whose `content` tells the model what happened, and nothing here raises into the driver but
+the driver's own cancellation. Whatever a tool raises (SystemExit, KeyboardInterrupt and its own CancelledError
+included) is its failure; a tool that outlives its timeout is abandoned, even one that ignores cancellation;
+every content is capped and made of text a tokenizer takes, and every record serialises to JSON.
 The record is the one shape of an executed call: the episode keeps it, the trajectory shares the episode's
 list, and metrics, rewards, the eval JSONL and the viewer all read it.
 """
@@ -9,6 +12,7 @@ list, and metrics, rewards, the eval JSONL and the viewer all read it.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import threading
 import time
@@ -16,17 +20,25 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from agentrl.chat.unicode import encodable
 from agentrl.env.schema import json_type
 from agentrl.env.tools import ToolHandle
 
-__all__ = ["DELIVERED", "STATUSES", "WELL_FORMED", "ToolCall", "ToolStats", "check_arguments", "count_statuses",
-           "render_output", "run_call", "run_calls"]
+__all__ = ["CANCEL_GRACE_S", "DELIVERED", "MAX_ARGUMENT_DEPTH", "MIN_MESSAGE_CHARS", "STATUSES", "WELL_FORMED",
+           "ToolCall", "ToolStats", "check_arguments", "count_statuses", "render_output", "run_call", "run_calls"]
 
 STATUSES = ("ok", "truncated", "parse_error", "unknown_tool", "bad_arguments", "tool_error", "timeout")
 DELIVERED = ("ok", "truncated")  # the tool ran and its output reached the model
 # A well-formed call names a real tool with valid arguments; whether the tool then succeeded is another matter
 # (a timeout or a raising tool is the tool's failure, not the model's formatting).
 WELL_FORMED = ("ok", "truncated", "tool_error", "timeout")
+
+MIN_MESSAGE_CHARS = 500  # an error message is cut at max(max_tool_output_chars, this), so it stays readable
+ECHO_CHARS = 60  # what an error message quotes of the call itself: a name, a key, a value
+# Arguments nested deeper are refused before anything walks them: no schema built from a signature comes
+# close, and every later walk (the checks, the echo, the trajectory's JSON) stays far from the recursion limit.
+MAX_ARGUMENT_DEPTH = 32
+CANCEL_GRACE_S = 0.1  # how long a timed-out async tool may take to wind down before it is abandoned
 
 
 @dataclass(frozen=True)
@@ -93,63 +105,122 @@ def count_statuses(calls: Iterable[ToolCall]) -> dict[str, int]:
 async def run_calls(env, episode, calls: list[dict], turn: int) -> list[ToolCall]:
     """Run parsed calls one after another (so tools that change `episode.state` see each other's effects in
     the order the model wrote them), recording each as made in `turn`."""
-    return [await run_call(env, episode, call, turn) for call in calls]
+    return [await run_call(env, episode, call, turn) for call in (calls or [])]
 
 
 async def run_call(env, episode, call: dict, turn: int) -> ToolCall:
-    """Execute one entry of `parse_tool_calls`' output against `env`'s tools."""
+    """Execute one entry of `parse_tool_calls`' output against `env`'s tools.
+
+    Only the caller's own cancellation (a driver being stopped) propagates; anything else, a bug here
+    included, becomes the record's status and content.
+    """
     start = time.perf_counter()
-    if not isinstance(call, dict) or "error" in call or not isinstance(call.get("name"), str):
-        what = call.get("error", "not a tool call") if isinstance(call, dict) else "not a tool call"
-        name, arguments, status, content = "", {}, "parse_error", (
-            f"Error: could not parse the tool call ({what}). Write each call as "
-            '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call> with valid JSON.')
-    else:
-        name, arguments = call["name"], call.get("arguments") or {}
-        status, content = await _run(env, episode, name, arguments)
+    limit = env.max_tool_output_chars  # read before the tool runs: what it does to `env` applies from the next call
+    name, arguments = "", {}
+    try:
+        if not isinstance(call, dict) or "error" in call or not isinstance(call.get("name"), str):
+            what = call.get("error", "not a tool call") if isinstance(call, dict) else "not a tool call"
+            status, content = "parse_error", (
+                f"Error: could not parse the tool call ({_text(what)}). Write each call as "
+                '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call> with valid JSON.')
+        else:
+            name = encodable(call["name"])
+            handle = env.tool_handle(name)
+            if handle is None:
+                name = _cut(name, ECHO_CHARS)  # the record and the tool message carry it
+            given = call.get("arguments", {})
+            given = {} if given is None else given
+            try:
+                arguments = _copy(given, record=True)
+                passed = _copy(given, record=False)  # the tool's own copy: changing it leaves the record alone
+            except _TooDeep:
+                arguments, passed = _show(given, 200), _TooDeep
+            status, content = await _run(env, episode, handle, name, passed)
+    except Exception as exc:  # defence in depth: an execution bug (or a broken environment) must not end a rollout
+        status, content = "tool_error", f"Error: the call could not be run ({_describe(exc)})"
+    status, content = _limited(status, content, limit)
     return ToolCall(turn, name, arguments, status, content, seconds=time.perf_counter() - start)
 
 
-async def _run(env, episode, name: str, arguments: Any) -> tuple[str, str]:
-    """(status, content) of one well-parsed call."""
-    handle = env.tool_handle(name)
+async def _run(env, episode, handle: ToolHandle | None, name: str, arguments: Any) -> tuple[str, str]:
+    """(status, content) of one well-parsed call; content not yet limited."""
     if handle is None:
         names = ", ".join(env.tool_names()) or "(none)"
         return "unknown_tool", f"Error: unknown tool {name!r}. Available tools: {names}."
+    if arguments is _TooDeep:
+        return "bad_arguments", (f"Error: bad arguments for {name!r}: arguments nested more than "
+                                 f"{MAX_ARGUMENT_DEPTH} levels deep.")
     checked, problem = check_arguments(handle.parameters, arguments)
     if problem:
         return "bad_arguments", f"Error: bad arguments for {name!r}: {problem}."
     kwargs = dict(checked)
     if handle.wants_episode:
         kwargs["episode"] = episode
-    try:
-        ok, value = await asyncio.wait_for(_invoke(handle, kwargs), handle.timeout)
-    except asyncio.TimeoutError:  # only wait_for's own timeout: the tool's exceptions come back as values
+    kind, text = await (_await_async(handle, kwargs) if handle.is_async else _in_thread(handle, kwargs))
+    if kind == "timeout":
         return "timeout", f"Error: tool {name!r} timed out after {handle.timeout:g} s."
-    if not ok:
-        detail = f"{type(value).__name__}: {value}" if str(value) else type(value).__name__
-        return "tool_error", f"Error: tool {name!r} failed with {detail}"
-    try:
-        text = render_output(value)
-    except Exception as e:
-        return "tool_error", f"Error: tool {name!r} returned output that cannot be shown ({type(e).__name__}: {e})"
-    limit = env.max_tool_output_chars
-    if limit is not None and len(text) > limit:
-        return "truncated", text[:limit] + f"\n[output truncated: {len(text)} characters, showing the first {limit}]"
+    if kind == "raised":
+        return "tool_error", f"Error: tool {name!r} failed with {text}"
+    if kind == "unshowable":
+        return "tool_error", f"Error: tool {name!r} returned output that cannot be shown ({text})"
     return "ok", text
 
 
-async def _invoke(handle: ToolHandle, kwargs: dict) -> tuple[bool, Any]:
-    # Exceptions are returned, not raised, so a tool raising TimeoutError is not mistaken for our timeout.
-    if handle.is_async:
-        try:
-            return True, await handle.fn(**kwargs)
-        except Exception as e:
-            return False, e
-    return await _in_thread(handle, kwargs)
+def _limited(status: str, content: str, limit: int | None) -> tuple[str, str]:
+    """(status, content) with the content cut to what the model may read, as text a tokenizer takes. A tool's
+    output is held to `limit` (the status becomes "truncated"); an error message to `limit` too, but never below
+    MIN_MESSAGE_CHARS so it stays readable. No limit (None) cuts nothing."""
+    what = "output"
+    if status != "ok":
+        what = "message"
+        limit = None if limit is None else max(limit, MIN_MESSAGE_CHARS)
+    if limit is not None and len(content) > limit:
+        content = content[:limit] + f"\n[{what} truncated: {len(content)} characters, showing the first {limit}]"
+        status = "truncated" if status == "ok" else status
+    return status, encodable(content)
 
 
-async def _in_thread(handle: ToolHandle, kwargs: dict) -> tuple[bool, Any]:
+# ---- running a tool ------------------------------------------------------------------------------------
+# An outcome is ("output", text) | ("raised", what) | ("unshowable", what) | ("timeout", None): exceptions
+# come back as values (the tool's TimeoutError is not our timeout, its SystemExit not the driver's), and the
+# output is rendered where the tool ran, so a slow or raising __str__ is the tool's, within its timeout.
+
+_TIMEOUT = ("timeout", None)
+_ABANDONED: set[asyncio.Task] = set()  # timed-out async tools that ignore cancellation, kept from the collector
+
+
+async def _await_async(handle: ToolHandle, kwargs: dict) -> tuple[str, Any]:
+    # The tool runs in a task of its own: a CancelledError it raises (its own, or an awaited subtask's) stays
+    # in that task, while a cancellation of the caller (the driver stopping) arrives at this `wait` and
+    # propagates, taking the tool's task with it.
+    task = asyncio.ensure_future(_captured(handle.fn, kwargs))
+    try:
+        done, _ = await asyncio.wait({task}, timeout=handle.timeout)
+        if not done:
+            task.cancel()
+            # A tool that ignores cancellation would hold the turn forever: give it a short grace, then abandon.
+            await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+            if not task.done():
+                _ABANDONED.add(task)
+                task.add_done_callback(_ABANDONED.discard)
+            return _TIMEOUT
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if task.cancelled():  # it cancelled its own task and returned before the cancellation arrived
+        return "raised", "CancelledError"
+    return task.result()
+
+
+async def _captured(fn: Callable, kwargs: dict) -> tuple[str, Any]:
+    try:
+        value = await fn(**kwargs)
+    except BaseException as exc:  # a SystemExit or KeyboardInterrupt raised in a task escapes the event loop
+        return "raised", _describe(exc)
+    return _rendered(value)
+
+
+async def _in_thread(handle: ToolHandle, kwargs: dict) -> tuple[str, Any]:
     # A timed-out sync tool cannot be killed, only abandoned. Executor threads are joined at interpreter
     # exit (so one hung tool would keep a finished training run alive forever) and a bounded pool would let
     # a few hung tools starve every other rollout; a daemon thread per call has neither problem.
@@ -164,30 +235,96 @@ async def _in_thread(handle: ToolHandle, kwargs: dict) -> tuple[bool, Any]:
             pass
 
     threading.Thread(target=work, name=f"agentrl-tool-{handle.name}", daemon=True).start()
-    return await future
+    try:
+        done, _ = await asyncio.wait({future}, timeout=handle.timeout)
+    finally:
+        if not future.done():  # timed out, or the caller was cancelled: a late result is dropped
+            future.cancel()
+    return future.result() if done else _TIMEOUT
 
 
 def _settle(future: asyncio.Future, outcome) -> None:
-    if not future.done():  # a timeout may have cancelled it already
+    if not future.done():
         future.set_result(outcome)
 
 
-def _call_sync(fn: Callable, kwargs: dict) -> tuple[bool, Any]:
+def _call_sync(fn: Callable, kwargs: dict) -> tuple[str, Any]:
     try:
-        return True, fn(**kwargs)
-    except Exception as e:
-        return False, e
+        value = fn(**kwargs)
+    except BaseException as exc:  # one left to end the thread would leave the call to time out
+        return "raised", _describe(exc)
+    return _rendered(value)
+
+
+def _rendered(value: Any) -> tuple[str, Any]:
+    try:
+        if inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()  # never run: closing it spares the "never awaited" warning
+            return "unshowable", "an awaitable; declare the tool `async def` and await it"
+        return "output", render_output(value)
+    except BaseException as exc:  # the value's __str__ is the tool's code too
+        return "unshowable", _describe(exc)
+
+
+def _describe(exc: BaseException) -> str:
+    """"Type: message", or the type alone when the message is empty or cannot be had."""
+    kind = type(exc).__name__
+    try:
+        text = str(exc)
+    except BaseException:  # an exception whose __str__ fails is still a failure to report
+        text = ""
+    return f"{kind}: {text}" if text else kind
 
 
 def render_output(value: Any) -> str:
     """Text the model sees for a tool's return value: strings as-is, JSON for containers."""
     if isinstance(value, str):
-        return value
+        return str.__str__(value)  # a plain str: a subclass's own __len__ or slicing must not decide the limit
     if value is None:
         return ""
     if isinstance(value, (dict, list, tuple, int, float, bool)):
         return json.dumps(value, ensure_ascii=False, default=str)
-    return str(value)
+    text = str(value)
+    if not isinstance(text, str):
+        raise TypeError(f"__str__ returned {type(text).__name__}")
+    return str.__str__(text)
+
+
+# ---- what is recorded and echoed -----------------------------------------------------------------------
+
+
+class _TooDeep(Exception):
+    """Arguments nested beyond MAX_ARGUMENT_DEPTH (or circular)."""
+
+
+def _copy(value: Any, *, record: bool, depth: int = 1) -> Any:
+    """A copy of decoded arguments with text a tokenizer and a UTF-8 file take, keys as strings. For the record
+    (`record`), anything JSON cannot hold becomes a short description, so the trajectory always serialises;
+    for the tool, such values stay as they are and the schema check reports them."""
+    if isinstance(value, str):
+        return encodable(value)
+    if isinstance(value, (dict, list, tuple)):
+        if depth > MAX_ARGUMENT_DEPTH:
+            raise _TooDeep
+        if isinstance(value, dict):
+            return {_key(k): _copy(v, record=record, depth=depth + 1) for k, v in value.items()}
+        return [_copy(v, record=record, depth=depth + 1) for v in value]
+    if value is None or isinstance(value, (bool, int, float)) or not record:
+        return value
+    return _show(value, 200)
+
+
+def _key(key: Any) -> str:
+    return encodable(key) if isinstance(key, str) else _show(key)
+
+
+def _text(value: Any) -> str:
+    return encodable(value) if isinstance(value, str) else _show(value, 200)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ---- argument checks ----------------------------------------------------------------------------------
@@ -204,7 +341,7 @@ def check_arguments(parameters: dict, arguments: Any) -> tuple[dict, str | None]
     unexpected = [k for k in arguments if k not in props]
     if unexpected:
         expected = ", ".join(props) or "none"
-        return {}, f"unexpected argument {unexpected[0]!r} (expected: {expected})"
+        return {}, f"unexpected argument {_cut(str(unexpected[0]), ECHO_CHARS)!r} (expected: {expected})"
     missing = [k for k in parameters.get("required", []) if k not in arguments]
     if missing:
         return {}, f"missing required argument {missing[0]!r}"
@@ -250,7 +387,7 @@ def check_value(value: Any, schema: dict, path: str) -> tuple[Any, str | None]:
     if isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
         inner = {}
         for k, v in value.items():
-            converted, problem = check_value(v, schema["additionalProperties"], f"{path}.{k}")
+            converted, problem = check_value(v, schema["additionalProperties"], f"{path}.{_cut(str(k), ECHO_CHARS)}")
             if problem:
                 return None, problem
             inner[k] = converted
@@ -297,9 +434,49 @@ def _got(value: Any) -> str:
     return "null" if value is None else f"{_kind(value)} {_show(value)}"
 
 
-def _show(value: Any, limit: int = 60) -> str:
+def _show(value: Any, limit: int = ECHO_CHARS) -> str:
+    """A JSON-like preview of `value`, at most `limit` characters, built without serialising or walking more
+    of it than that needs (a 1 MB string, a million-item list or a 10,000-deep nesting cost the same)."""
+    parts: list[str] = []
+    room = limit + 1  # one past the limit is enough to know it must be cut
+
+    def put(text: str) -> None:
+        nonlocal room
+        parts.append(text[:room])
+        room -= len(text)
+
+    def walk(v: Any, depth: int) -> None:
+        if isinstance(v, (dict, list, tuple)):
+            opening, closing = ("{", "}") if isinstance(v, dict) else ("[", "]")
+            if depth >= 8:
+                put(opening + "..." + closing)
+                return
+            put(opening)
+            items = v.items() if isinstance(v, dict) else ((None, x) for x in v)
+            for i, (k, x) in enumerate(items):
+                if room <= 0:
+                    return
+                put(", " if i else "")
+                if isinstance(v, dict):
+                    put(_scalar(k, room) + ": ")
+                walk(x, depth + 1)
+            put(closing)
+        else:
+            put(_scalar(v, room))
+
     try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        walk(value, 0)
+    except Exception:  # a foreign container whose iteration fails: what was shown so far is enough
+        pass
+    return _cut("".join(parts), limit)
+
+
+def _scalar(value: Any, room: int) -> str:
+    if isinstance(value, str):
+        return json.dumps(value[: max(room, 0) + 1], ensure_ascii=False)
+    try:
+        if value is None or isinstance(value, (bool, int, float)):
+            return json.dumps(value)
+        return repr(value)[: max(room, 0) + 1]
+    except BaseException:  # a huge integer JSON refuses, a foreign object's failing __repr__
+        return f"<{type(value).__name__}>"
