@@ -152,6 +152,7 @@ def build_run(cfg: TrainConfig, checkpoint: Path | None | str = "latest", parall
     if cfg.model.compile_layers:  # the engine's view is a copy made above, with compiled layers of its own
         compile_decoder_layers(model, activation_memory_budget=cfg.model.activation_memory_budget)
     if parallel is not None:
+        parallel.prepare_engine(engine)
         prompts = parallel.prompt_iterator(dataset, cfg.seed)
     else:
         prompts = PromptIterator(dataset, seed=cfg.seed)

@@ -194,6 +194,8 @@ class ParallelRun:
 
     def _gather(self, value) -> list:
         """`value` of every replica (from the ranks holding this rank's tp slice), in replica order."""
+        if self.mesh.n_replicas == 1:
+            return [value]
         out = [None] * self.mesh.n_replicas
         dist.all_gather_object(out, value, group=self.mesh.replica_group)
         return out
@@ -205,6 +207,20 @@ class ParallelRun:
         apply_tensor_parallel(model, self.mesh)
         broadcast_parameters(model, self.mesh)
         return model
+
+    def prepare_engine(self, engine) -> None:
+        """Step the engine on this rank's GPU from whatever thread steps it: the rollout driver's pump runs
+        `engine.step` on a thread of its own, whose current CUDA device is 0, and the engine's Triton kernels launch
+        on the current device (rank 1's would read its memory from GPU 0)."""
+        if self.mesh.device.type != "cuda":
+            return
+        step, device = engine.step, self.mesh.device
+
+        def step_on_this_device():
+            with torch.cuda.device(device):
+                return step()
+
+        engine.step = step_on_this_device
 
     def prompt_iterator(self, dataset, seed: int) -> ShardedPromptIterator:
         return ShardedPromptIterator(dataset, replica=self.mesh.replica, n_replicas=self.mesh.n_replicas, seed=seed)
