@@ -40,7 +40,7 @@ def _env_args(parser: argparse.ArgumentParser, items: list[str]) -> list[str]:
     return out
 
 
-def parse_train(argv: list[str]):
+def parse_train(argv: list[str], base: dict | None = None):
     from agentrl.run.config import TrainConfig
 
     p = argparse.ArgumentParser(prog="agentrl train", description="GRPO training of a tool-using agent.",
@@ -64,13 +64,13 @@ def parse_train(argv: list[str]):
 
         overrides.insert(1, f"--checkpoint.run_dir=runs/{run_name(known.env)}")
     if known.config:
-        cfg = TrainConfig.from_yaml(known.config, overrides)
+        cfg = TrainConfig.from_yaml(known.config, overrides, base=base)
     else:
-        cfg = TrainConfig.from_dict({}, overrides)
+        cfg = TrainConfig.from_dict({}, overrides, base=base)
     return cfg, "resume" if known.resume else "overwrite" if known.overwrite else "auto"
 
 
-def parse_eval(argv: list[str]):
+def parse_eval(argv: list[str], base: dict | None = None):
     from agentrl.run.config import EvalConfig
 
     p = argparse.ArgumentParser(prog="agentrl eval", description="Evaluate a model's tool use and answers offline.",
@@ -93,7 +93,25 @@ def parse_eval(argv: list[str]):
                    help="keyword argument of the environment (repeatable), e.g. --env-arg few_shot=2")
     known, rest = p.parse_known_args(argv)
     overrides = [f"--env.name={known.env}", *_env_args(p, known.env_arg), *_overrides(p, known, EVAL_FLAGS, rest)]
-    return EvalConfig.from_dict({}, overrides)
+    return EvalConfig.from_dict({}, overrides, base=base)
+
+
+def cpu_sized(parse, argv: list[str], cfg, parsed, prog: str):
+    """(`parsed` again from the CPU-sized defaults when no accelerator is present, the line saying which values that
+    set, or "") — the line is printed once the run is sure to start."""
+    import torch
+
+    from agentrl.run.config import CPU_SIZED_EVAL, CPU_SIZED_TRAIN, TrainConfig
+
+    if torch.cuda.is_available():
+        return parsed, ""
+    base = CPU_SIZED_TRAIN if isinstance(cfg, TrainConfig) else CPU_SIZED_EVAL
+    again = parse(argv, base=base)
+    sized = again[0] if isinstance(again, tuple) else again
+    taken = [f"{section}.{key}={value}" for section, values in base.items() for key, value in values.items()
+             if getattr(getattr(sized, section), key) == value != getattr(getattr(cfg, section), key)]
+    line = f"{prog}: no GPU, so CPU-sized defaults: {' '.join(taken)} (set any of them to override)" if taken else ""
+    return again, line
 
 
 def _train(argv: list[str]) -> int:
@@ -103,6 +121,7 @@ def _train(argv: list[str]) -> int:
     try:
         cfg, mode = parse_one_line(parse_train, argv, "agentrl train")  # a bad config fails here
         check_inputs(cfg)  # ... and a bad environment or data file here: before torch is imported
+        (cfg, mode), sized = cpu_sized(parse_train, argv, cfg, (cfg, mode), "agentrl train")
         from agentrl.run.run_dir import plan_run
 
         plan = plan_run(cfg, mode)
@@ -112,6 +131,8 @@ def _train(argv: list[str]) -> int:
     from agentrl.run.interrupt import Interrupted
     from agentrl.run.train import train
 
+    if sized:
+        print(sized, file=sys.stderr)
     try:
         print(json.dumps(train(cfg, plan=plan)))
     except Interrupted as exc:
@@ -126,11 +147,14 @@ def _eval(argv: list[str]) -> int:
     try:
         cfg = parse_one_line(parse_eval, argv, "agentrl eval")
         check_inputs(cfg)  # a bad environment or data file fails here, before torch is imported
+        cfg, sized = cpu_sized(parse_eval, argv, cfg, cfg, "agentrl eval")
     except ConfigError as exc:
         print(f"agentrl eval: {one_line(exc)}", file=sys.stderr)
         return 2
     from agentrl.run.eval import evaluate
 
+    if sized:
+        print(sized, file=sys.stderr)
     try:
         print(json.dumps(evaluate(cfg)))
     except KeyboardInterrupt:

@@ -233,12 +233,14 @@ def test_constructor_rejects_unknown_options():
 
 
 def test_local_file_and_folder(shared_data, tmp_path):
-    # train.jsonl: the smaller real file (200 questions), enough to exercise loading and search.
-    env = load_environment(path=str(shared_data / "hotpotqa" / "train.jsonl"))
+    # train.jsonl: the smaller real file, enough to exercise loading and search. Rows load in file order.
+    path = shared_data / "hotpotqa" / "train.jsonl"
+    env = load_environment(path=str(path))
     samples = env.load_dataset(limit=4)
     assert len(samples) == 4
     first = samples[0]
-    assert set(first) >= {"id", "question", "answer", "context"} and first["id"] == "5ab4435b5542990594ba9bdf"
+    expected_id = json.loads(path.open().readline())["_id"]
+    assert set(first) >= {"id", "question", "answer", "context"} and first["id"] == expected_id
     assert all(isinstance(t, str) and isinstance(s, list) for t, s in first["context"])
     folder = load_environment(path=str(shared_data / "hotpotqa")).load_dataset(split="train", limit=4)
     assert folder == samples
