@@ -10,7 +10,7 @@ from agentrl.config import check_types, require
 
 @dataclass
 class EnvConfig:
-    name: str = "gsm8k_math"  # a built-in environment's name
+    name: str = "gsm8k_math"  # a built-in name, module:Class, path/to/file.py:Class, or an entry point's name
     # Keyword arguments of the environment's load_environment, e.g. {few_shot: 2, format_bonus: 0.0};
     # on the command line --env.args.few_shot=2.
     args: dict[str, Any] = field(default_factory=dict)

@@ -1,11 +1,12 @@
-"""Wiring a run: configs built from the components' sections, `build_run` / `step`, `train`, `evaluate`.
+"""Wiring a run: configs built from the components' sections, `build_run` / `step`, `train.train`, `evaluate`.
 
 This package is the one place that imports environments, chat, engine, rollout and trainer together. Exports are
 lazy so that `agentrl.run.config` (no torch) validates a config before anything heavy loads.
 """
 
+# `train` is not exported here: `agentrl.run.train` is the module (import the function from it).
 _EXPORTS = {"TrainConfig": "config", "EvalConfig": "config", "Run": "build", "build_run": "build", "step": "build",
-            "train": "train", "evaluate": "eval"}
+            "evaluate": "eval"}
 
 __all__ = sorted(_EXPORTS)
 
