@@ -26,9 +26,10 @@ Two drive modes: `start()` runs steps on a background thread (results through ca
 whole step, so `pause()`, `release_kv()` and `bump_version()` never land in the middle of a forward.
 
 A tensor-parallel model (`agentrl.parallel.apply_tensor_parallel`) is decoded from its shards in place, each rank
-holding the KV of its own heads; its ranks must issue their collectives in one host order, so only the owner's
-`step()` drives it, on every rank as many times; a step takes in the submissions every rank has received, and is
-compared across the ranks before its forward (`tensor_parallel.py`).
+holding the KV of its own heads. Its requests are tp rank 0's: each step every rank takes in what tp rank 0
+received since the last one, and the ranks compare what they took in and sampled (`tensor_parallel.py`). The
+ranks must issue their collectives in one host order, so only the owner's `step()` drives it, on every rank as
+many times.
 """
 
 from __future__ import annotations
@@ -127,7 +128,6 @@ class Engine:
         self._rng = random.Random(config.seed)
         self._recompute_pending = False
         self._in_flight: _InFlight | None = None
-        self._agreed = (0, 0)  # under tp: submissions and cancels every rank held at the last step's agreement
         self._released = False
         self._results: queue.Queue = queue.Queue()
         self._wake = threading.Event()
@@ -147,18 +147,21 @@ class Engine:
         vocab = self.geometry.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"token ids must lie in [0, {vocab})")
-        stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(self.eos_token_ids))
         with self._inbox_lock:
             request_id = self._next_id
             self._next_id += 1
             seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(63)
-            seq = Sequence(request_id, len(ids), ids, sampling, frozenset(stop_ids), callback, seed)
-            self._inbox.append(seq)
+            self._inbox.append(self._sequence(request_id, ids, sampling, callback, seed))
         self._wake.set()
         return request_id
 
+    def _sequence(self, request_id: int, ids: list[int], sampling: SamplingParams, callback, seed: int) -> Sequence:
+        stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(self.eos_token_ids))
+        return Sequence(request_id, len(ids), ids, sampling, frozenset(stop_ids), callback, seed)
+
     def cancel(self, request_id: int) -> None:
-        """Ends the request at the next step; its completion (finish_reason "cancelled") is delivered as usual."""
+        """Ends the request at the next step; its completion (finish_reason "cancelled") is delivered as usual.
+        Under tp only tp rank 0's cancels count."""
         with self._inbox_lock:
             self._cancels.append(request_id)
         self._wake.set()
@@ -208,10 +211,6 @@ class Engine:
                 self.scheduler.preempt_all()
                 self.pool.clear_cache()
             batch = self.scheduler.schedule()
-            if self.tp is not None:  # before the forward, whose collectives would hang on a rank that drifted
-                with self._inbox_lock:
-                    received = (len(self._inbox), len(self._cancels))
-                self._agreed = self.tp.agree_step(batch, self.policy_version, received)
             launched = self._launch(batch, self.policy_version) if batch else None
             # Step n+1 is queued on the device before the host waits for step n: the device never idles
             # while the host appends tokens, checks stops and schedules.
@@ -343,13 +342,10 @@ class Engine:
 
     def _drain_inbox(self) -> list[Sequence]:
         with self._inbox_lock:
-            if self.tp is None:
-                new, self._inbox = list(self._inbox), deque()
-                cancels, self._cancels = list(self._cancels), deque()
-            else:  # what every tp rank had received at the last step's agreement, whenever each received it
-                new = [self._inbox.popleft() for _ in range(self._agreed[0])]
-                cancels = [self._cancels.popleft() for _ in range(self._agreed[1])]
-                self.tp.fold_arrivals(new, cancels)
+            new, self._inbox = list(self._inbox), deque()
+            cancels, self._cancels = list(self._cancels), deque()
+        if self.tp is not None:
+            new, cancels = self.tp.take_in(new, cancels, self.policy_version, self._sequence)
         for seq in new:
             self._live[seq.request_id] = seq
             self.scheduler.add(seq)
@@ -431,7 +427,8 @@ class Engine:
         with self._inbox_lock:
             if self._inbox or self._cancels:
                 return True
-        return self._in_flight is not None or self.scheduler.has_work()
+        mirrors = self.tp is not None and bool(self.tp.mirrors)  # waiting for tp rank 0's copy: a step takes it in
+        return mirrors or self._in_flight is not None or self.scheduler.has_work()
 
     # -- weights and memory ---------------------------------------------------------------------------
     @contextlib.contextmanager

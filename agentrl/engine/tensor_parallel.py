@@ -4,30 +4,32 @@ A model split by `agentrl.parallel.apply_tensor_parallel` holds DTensor paramete
 The engine decodes from them in place: each rank's attention runs its own heads (`local_head_counts`), so its KV
 pool holds only those; o_proj and down_proj all-reduce inside their modules, the lm_head and the linear-attention
 state are whole on every rank. Every rank therefore samples the same tokens from the same logits, and the
-scheduler, a pure function of what was submitted and what was sampled, decides the same everywhere, so every rank
-runs forwards of the same shapes, whose collectives pair up.
+scheduler, a pure function of the requests taken in and the tokens sampled, decides the same everywhere: every
+rank runs forwards of the same shapes, whose collectives pair up.
 
-What the ranks must agree on, and how:
-- the pages: the smallest free memory of the group sizes every rank's pool (`agree_at_construction`), and the
-  configs must be equal (the seed included: request seeds are drawn from it);
-- the requests: each rank's submissions arrive on their own schedule (from a rollout loop on another thread, tools
-  finishing at their own pace), so a step takes in only the prefix of submissions (and of cancels) that every rank
-  had received when the previous step compared notes. Given the same submissions in the same order, the ranks take
-  them in at the same step whatever their timing;
-- each step, before its forward (`agree_step`, one small all-gather on the host): the step's layout and a running
-  digest of everything taken in and sampled so far. A rank that drifted raises here, on every rank, instead of
-  deadlocking in or silently corrupting a collective.
+What the ranks agree on, and how:
+- at construction, the pages (the smallest free memory of the group sizes every rank's pool) and the config;
+- at every step, before anything is scheduled (`agree`, one small all-gather on the host, and a broadcast when
+  requests arrived): the requests are tp rank 0's. The requests and cancels it received since the last step are
+  sent to the other ranks, which take in exactly those, with tp rank 0's ids and sampling seeds. The others need
+  not submit anything: their engines follow. A rank that does submit (every rank calling `generate` with the same
+  prompts) makes mirrors, matched to tp rank 0's requests by id, which lend their callbacks; their content is
+  checked. The same all-gather compares the policy versions and a digest of everything each rank took in and
+  sampled so far, so a rank that drifted raises on every rank instead of deadlocking in, or silently corrupting,
+  a collective.
 
-So every tp rank must call `step()` the same number of times: whatever decides to stop stepping (enough rollouts
-ready, the end of a phase) must be a decision every rank shares. NCCL needs every rank to issue the operations on a
-communicator in the same host order, so the engine is stepped by its owner, never on a thread of its own beside the
-training step's collectives.
+So every tp rank must call `step()` the same number of times, and whatever decides to stop stepping (enough
+rollouts ready, the end of a phase) must be a decision every rank shares. NCCL needs every rank to issue the
+operations on a communicator in the same host order, so the engine is stepped by its owner, never on a thread of
+its own beside the training step's collectives.
 """
 
 from __future__ import annotations
 
+import pickle
 from array import array
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from hashlib import blake2b
 
 import torch
@@ -45,14 +47,17 @@ def _as_int(digest: bytes) -> int:
 
 @dataclass
 class TensorParallel:
-    """This rank's place in the tp group its model is split over, and what it has told the others."""
+    """This rank's place in the tp group its model is split over, and the digest it compares with the others."""
 
     size: int
     rank: int
     group: object  # the ProcessGroup of the model's tp mesh
+    leader_rank: int  # global rank of tp rank 0, whose requests every rank takes in
     host: torch.device  # where the group's small host-side collectives run (gloo's CPU when present)
-    history: bytes = b""  # requests taken in, cancels and sampled tokens so far, folded into one digest
+    history: bytes = b""  # requests taken in and tokens sampled so far, folded into one digest
     steps_agreed: int = 0
+    mirrors: deque = field(default_factory=deque)  # off tp rank 0: submissions awaiting tp rank 0's request
+    taken_up_to: int = 0  # request ids below this were taken in
 
     @classmethod
     def of(cls, model: nn.Module) -> "TensorParallel | None":
@@ -67,7 +72,11 @@ class TensorParallel:
         group = mesh.get_group()
         gloo = "gloo" in str(dist.get_backend(group))
         host = torch.device("cpu") if gloo else torch.device("cuda", torch.cuda.current_device())
-        return cls(mesh.size(), mesh.get_local_rank(), group, host)
+        return cls(mesh.size(), mesh.get_local_rank(), group, dist.get_global_rank(group, 0), host)
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
 
     def _gather(self, values: list[int]) -> torch.Tensor:
         """`[size, len(values)]`: every rank's `values`, in rank order."""
@@ -83,37 +92,72 @@ class TensorParallel:
                                  -1 if free_device_bytes is None else int(free_device_bytes)])
         if not bool((gathered[:, 0] == gathered[0, 0]).all()):
             raise ValueError(f"the engines of the tp group were built with different configs (this is tp rank "
-                             f"{self.rank}: {config}); every tp rank needs the same one, seed included")
+                             f"{self.rank}: {config}); every tp rank needs the same one")
         frees = [int(f) for f in gathered[:, 1] if f >= 0]
         return min(frees) if frees else None
 
+    def agree(self, version: int, arrivals: list[tuple] | None = None,
+              cancels: list[int] | None = None) -> tuple[list, list]:
+        """Once per step, on every rank: raise unless every rank's history and policy `version` are the leader's;
+        return the leader's `arrivals` (request id, prompt ids, SamplingParams, seed) and `cancels`, which only the
+        leader passes."""
+        payload = pickle.dumps((arrivals, cancels)) if self.leader and (arrivals or cancels) else b""
+        gathered = self._gather([_as_int(self.history), int(version), len(payload)])
+        self.steps_agreed += 1
+        if not bool((gathered[:, 0] == gathered[0, 0]).all()):
+            raise RuntimeError(
+                f"the tp ranks took in different requests or sampled different tokens (tp rank {self.rank}, step "
+                f"{self.steps_agreed}): a rank that submits must submit what tp rank 0 does, in the same order, "
+                "before the step that takes it in, and every tp rank must be stepped as many times")
+        if not bool((gathered[:, 1] == gathered[0, 1]).all()):
+            raise RuntimeError(f"the tp ranks step under different policy versions {gathered[:, 1].tolist()}: "
+                               "every tp rank must bump the version between the same two steps")
+        size = int(gathered[0, 2])
+        if size == 0:
+            return [], []
+        buffer = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if self.leader else
+                  torch.empty(size, dtype=torch.uint8)).to(self.host)
+        dist.broadcast(buffer, src=self.leader_rank, group=self.group)
+        return pickle.loads(buffer.cpu().numpy().tobytes())
+
+    def take_in(self, new: list, cancels: list[int], version: int, make_sequence) -> tuple[list, list[int]]:
+        """The requests and cancels every rank takes in this step: tp rank 0's. On tp rank 0, `new` and `cancels`
+        are its own; elsewhere `new` are mirrors, each lending its callback to tp rank 0's request of its id (the
+        sequence is built from tp rank 0's copy, so every rank computes the same), and a mirror whose content
+        differs, or that came after its id was taken in, makes the next agreement fail on every rank.
+        `version`: this rank's policy version, compared too. `make_sequence(request_id, prompt ids, params, callback,
+        seed)` builds a sequence."""
+        if self.leader:
+            self.agree(version, [(s.request_id, s.tokens, s.params, s.seed) for s in new], cancels)
+            for seq in new:
+                self.fold_request(seq.request_id, seq.tokens, seq.params)
+            return new, cancels
+        arrivals, cancels = self.agree(version)
+        mirrors = self.mirrors
+        mirrors.extend(new)
+        taken = []
+        for request_id, ids, params, seed in arrivals:
+            while mirrors and mirrors[0].request_id < request_id:
+                mirrors.popleft()
+                self.fold_mismatch()
+            mirror = mirrors.popleft() if mirrors and mirrors[0].request_id == request_id else None
+            taken.append(make_sequence(request_id, ids, params, mirror.callback if mirror else None, seed))
+            self.fold_request(request_id, *((mirror.tokens, mirror.params) if mirror else (ids, params)))
+            self.taken_up_to = request_id + 1
+        while mirrors and mirrors[0].request_id < self.taken_up_to:
+            mirrors.popleft()
+            self.fold_mismatch()
+        return taken, cancels
+
     # -- what each rank folds into its history ----------------------------------------------------------
-    def fold_arrivals(self, seqs, cancels) -> None:
-        """Requests taken in (id, prompt, sampling, seed) and cancels, in the order they were taken in."""
-        for seq in seqs:
-            data = array("q", [seq.request_id, seq.seed, *seq.tokens]).tobytes() + repr(seq.params).encode()
-            self.history = _digest(data, key=self.history)
-        if cancels:
-            self.history = _digest(array("q", [-1, *cancels]).tobytes(), key=self.history)
+    def fold_request(self, request_id: int, prompt, params) -> None:
+        """A request taken in: its id, prompt and sampling (a follower folds its mirror's, when it has one)."""
+        self.history = _digest(array("q", [request_id, *prompt]).tobytes() + repr(params).encode(), self.history)
+
+    def fold_mismatch(self) -> None:
+        """A follower's mirror that no request of the leader matches: the next agreement fails on every rank."""
+        self.history = _digest(b"unmatched mirror", self.history)
 
     def fold_tokens(self, tokens) -> None:
         """One step's sampled tokens."""
-        self.history = _digest(array("q", map(int, tokens)).tobytes(), key=self.history)
-
-    # -- once per step -----------------------------------------------------------------------------------
-    def agree_step(self, batch, version: int, received: tuple[int, int]) -> tuple[int, int]:
-        """Compare this step with every rank's before its forward; raise if they differ. `received`: the
-        submissions and cancels this rank holds but has not taken in. Returns how many of each every rank holds:
-        what the next step takes in."""
-        layout = array("q", [version])
-        for item in batch:
-            layout.extend((item.seq.request_id, item.start, item.length))
-        gathered = self._gather([_as_int(_digest(layout.tobytes())), _as_int(self.history), *received])
-        self.steps_agreed += 1
-        if not bool((gathered[:, :2] == gathered[0, :2]).all()):
-            what = "scheduled different steps" if bool((gathered[:, 1] == gathered[0, 1]).all()) else \
-                "took in different requests or sampled different tokens"
-            raise RuntimeError(
-                f"the tp ranks {what} (tp rank {self.rank}, step {self.steps_agreed}): every tp rank's engine must "
-                "get the same submissions and cancels in the same order, and be stepped as many times")
-        return int(gathered[:, 2].min()), int(gathered[:, 3].min())
+        self.history = _digest(array("q", map(int, tokens)).tobytes(), self.history)

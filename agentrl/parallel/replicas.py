@@ -10,6 +10,11 @@ Every rank runs the same pure functions over the same pool, so no rank has to be
   a sample to the replica that generated it.
 - `ReadinessGate` answers "do the replicas have enough ready between them" with one all-reduce every k calls, on a
   schedule identical on every rank (a rank skipping a collective the others wait on would hang them all).
+- Under tensor parallelism tp rank 0 speaks for its replica, in the pool and at the gate: its tp peers decode its
+  requests in lockstep (`agentrl.engine.tensor_parallel`) and need not run rollouts of their own, and what a peer
+  would report (finished when its tools happened to return) could differ from tp rank 0's at any moment. The tp
+  ranks 0 exchange over their replica group and pass the result to their tp peers, so every rank of every replica
+  holds the same pool and gets the same answer.
 - `reduce_gradients` sums gradients over the replica group. With every replica's loss divided by the *pooled*
   batch's denominator (`pooled_loss_denominator`), the sum is the gradient one process computes on the union (up
   to the order of the additions).
@@ -81,7 +86,8 @@ class _Entry:
 
 
 class SharedPool:
-    """The finished items of every replica, identical on every rank once `exchange` has run on all of them.
+    """The finished items of every replica (tp rank 0's under tensor parallelism), identical on every rank once
+    `exchange` has run on all of them.
 
     Items travel by pickle (`all_gather_object`), so a sample's token lists go to every rank: integers per token,
     small next to the gradients the same step all-reduces.
@@ -97,15 +103,19 @@ class SharedPool:
 
     def exchange(self, new_items: Sequence[Any], ages: Sequence[float]) -> None:
         """Add this replica's newly finished `new_items` (with their age keys) and every other replica's to the
-        pool. A collective over the replica group: every rank calls it, with an empty list if it has nothing."""
+        pool. A collective: every rank calls it, with an empty list if it has nothing; under tensor parallelism only
+        tp rank 0's items count (its peers' are dropped)."""
         if len(new_items) != len(ages):
             raise ValueError(f"{len(new_items)} items but {len(ages)} ages")
-        mine = [(float(a), x) for a, x in zip(ages, new_items)]
-        if self.mesh.n_replicas == 1:
+        mesh = self.mesh
+        gathered = None
+        if mesh.tp_rank == 0:
+            mine = [(float(a), x) for a, x in zip(ages, new_items)]
             gathered = [mine]
-        else:
-            gathered = [None] * self.mesh.n_replicas
-            dist.all_gather_object(gathered, mine, group=self.mesh.replica_group)
+            if mesh.n_replicas > 1:
+                gathered = [None] * mesh.n_replicas
+                dist.all_gather_object(gathered, mine, group=mesh.replica_group)
+        gathered = _from_tp_rank_0(gathered, mesh)
         for replica, items in enumerate(gathered):
             for age, item in items:
                 self._entries.append(_Entry(age, replica, next(self._seq), item))
@@ -153,8 +163,9 @@ class ReadinessGate:
     """`poll(local_ready, needed)`: True once the replicas hold at least `needed` ready items between them.
 
     Call it once per iteration of the generation loop on every rank, whether or not that rank decoded anything:
-    the all-reduce happens on calls k, 2k, 3k, ... of every rank alike, and between them the answer is False
-    (the count only grows, so asking late only leaves more ready). Every rank gets the same answer.
+    the all-reduce (over the world, counting tp rank 0's `local_ready` for each replica) happens on calls k, 2k,
+    3k, ... of every rank alike, and between them the answer is False (the count only grows, so asking late only
+    leaves more ready). Every rank gets the same answer, so it can decide when every rank stops stepping its engine.
     """
 
     def __init__(self, mesh: Mesh, every: int = 8):
@@ -166,14 +177,29 @@ class ReadinessGate:
 
     def poll(self, local_ready: int, needed: int) -> bool:
         self.calls += 1
-        if self.mesh.n_replicas == 1:
+        mesh = self.mesh
+        if mesh.world_size == 1:
             return local_ready >= needed
         if self.calls % self.every:
             return False
         self.collectives += 1
-        count = torch.tensor([int(local_ready)], dtype=torch.long, device=self.mesh.host_device)
-        dist.all_reduce(count, group=self.mesh.replica_group)
-        return int(count.item()) >= needed
+        count = None
+        if mesh.tp_rank == 0:
+            count = int(local_ready)
+            if mesh.n_replicas > 1:
+                total = torch.tensor([count], dtype=torch.long, device=mesh.host_device)
+                dist.all_reduce(total, group=mesh.replica_group)
+                count = int(total.item())
+        return _from_tp_rank_0(count, mesh) >= needed
+
+
+def _from_tp_rank_0(value, mesh: Mesh):
+    """`value` as this replica's tp rank 0 holds it, on each of its tp ranks (a collective over the tp group)."""
+    if mesh.tp_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=mesh.rank_of(mesh.replica, 0), group=mesh.tp_group)
+    return box[0]
 
 
 def sum_over_replicas(values: Sequence[float], mesh: Mesh) -> list[float]:

@@ -14,9 +14,10 @@ subtree for its `to_local()` around the module's forward (a parent such as the g
 the same hooks. The local view of a replicated parameter used on a rank's own heads only (Qwen3's per-head
 q_norm / k_norm, "replicated_with_grad_allreduce" in the plan) sums its gradient over the tp group.
 
-For the engine (a later step): a tp rank's attention holds `num_heads // tp` query and `num_kv_heads // tp` KV
-heads (`local_head_counts`), its paged KV pool is sized for those, o_proj and down_proj all-reduce inside their
-modules (the hooks installed here), the lm_head is whole on every rank, and linear-attention state stays whole.
+The engine decodes from the split model in place (`agentrl.engine.tensor_parallel`): a tp rank's attention holds
+`num_heads // tp` query and `num_kv_heads // tp` KV heads (`local_head_counts`), its paged KV pool is sized for
+those, o_proj and down_proj all-reduce inside their modules (the hooks installed here), the lm_head is whole on
+every rank, and linear-attention state stays whole.
 """
 
 from __future__ import annotations

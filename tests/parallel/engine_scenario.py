@@ -8,15 +8,13 @@ greedy decoding repeats the prompt's last token, which would hide a wrong attent
 
 from __future__ import annotations
 
-import torch
-
 from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.models import load_model
 from agentrl.parallel import apply_tensor_parallel, full_state_dict, load_full_state_dict
 from tests.helpers import perturb_, random_prompts
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0)
-SAMPLED = SamplingParams(max_new_tokens=10, temperature=1.0)  # seeds drawn from the engine's generator
+SAMPLED = SamplingParams(max_new_tokens=10, temperature=1.0)  # seeds drawn from (tp rank 0's) engine generator
 # A token budget below the prompts' total: prefill chunks share steps with decodes.
 CONFIG = EngineConfig(num_pages=64, max_tokens_per_step=48)
 
@@ -36,7 +34,8 @@ def engine_tp(mesh) -> dict:
 def session(engine: Engine, prompts, update) -> tuple[list, list]:
     """Turn 1 of every prompt; then turn 2 (history + completion + a few tool tokens, resubmitted), with
     `update` applied in place, under `pause()` and followed by the version bump, once turn 2 has generated a few
-    tokens (counted, not stepped: a tp engine takes submissions in one step later, once every rank holds them)."""
+    tokens. Every rank submits (generate and submit on tp ranks other than 0 make mirrors of tp rank 0's requests).
+    """
     first = engine.generate(prompts, GREEDY)
     tool = random_prompts(len(prompts), 2, 6, seed=5)
     ids = [engine.submit(p + o.token_ids + t, GREEDY) for p, o, t in zip(prompts, first, tool)]
@@ -103,26 +102,31 @@ def sampled(model, reference, prompts) -> dict:
 
 
 def agreement(mesh) -> dict:
-    """What the tp ranks agree on, on a tiny Qwen3: a rank receiving some submissions later than the others, a
-    background thread (refused), engines built with different seeds (refused), and submissions in another order on
-    one rank (refused). Each refusal is a message, the same on every rank."""
+    """How the tp ranks agree, on a tiny Qwen3: the ranks other than tp rank 0 submitting nothing and following its
+    requests (half of them submitted a few steps late); a background thread (refused); engines built with
+    different configs (refused); mirrors in another order than tp rank 0's requests (refused); and a version bumped
+    on one rank only (refused). Each refusal is
+    a message, the same on every rank."""
     model = apply_tensor_parallel(load_model("tiny-qwen3")[0], mesh)
     prompts = random_prompts(4, 3, 30, seed=6)
     engine = Engine(model, CONFIG)
     out = {"min_free_bytes": engine.tp.agree_at_construction(CONFIG, 1000 + 10 * mesh.tp_rank)}
 
-    # tp rank 1 receives the last two prompts only after its third step, tp rank 0 has them from the start.
-    ids = [engine.submit(p, GREEDY) for p in (prompts if mesh.tp_rank == 0 else prompts[:2])]
+    leader = mesh.tp_rank == 0
+    if leader:
+        for p in prompts[:2]:
+            engine.submit(p, GREEDY)
     done = {}
     for step in range(1000):
-        if step == 3 and mesh.tp_rank == 1:
-            ids += [engine.submit(p, GREEDY) for p in prompts[2:]]
-        done.update((c.request_id, c) for c in engine.step())
+        if step == 3 and leader:
+            for p in prompts[2:]:
+                engine.submit(p, GREEDY)
+        done.update((c.request_id, c) for c in engine.step())  # a follower gets every completion back too
         if len(done) == len(prompts):
             break
-    got = [done[i] for i in ids]
+    got = [done[i] for i in sorted(done)]
     want = Engine(load_model("tiny-qwen3")[0], CONFIG).generate(prompts, GREEDY)
-    out["late"] = {**compare(got, want), "token_ids": [c.token_ids for c in got], "steps": engine.tp.steps_agreed}
+    out["follow"] = {**compare(got, want), "token_ids": [c.token_ids for c in got], "steps": engine.tp.steps_agreed}
 
     try:
         engine.start()
@@ -130,10 +134,10 @@ def agreement(mesh) -> dict:
     except RuntimeError as exc:
         out["start"] = str(exc)
     try:
-        Engine(model, EngineConfig(num_pages=64, seed=mesh.tp_rank))
-        out["different_seeds"] = None
+        Engine(model, EngineConfig(num_pages=64, max_num_seqs=8 + mesh.tp_rank))
+        out["different_configs"] = None
     except ValueError as exc:
-        out["different_seeds"] = str(exc).split(" (")[0]
+        out["different_configs"] = str(exc).split(" (")[0]
     engine = Engine(model, CONFIG)
     for p in (prompts[:2] if mesh.tp_rank == 0 else prompts[1::-1]):
         engine.submit(p, GREEDY)
@@ -143,4 +147,12 @@ def agreement(mesh) -> dict:
         out["different_order"] = None
     except RuntimeError as exc:
         out["different_order"] = str(exc).split(" (")[0]
+    engine = Engine(model, CONFIG)
+    if mesh.tp_rank:
+        engine.bump_version()
+    try:
+        engine.step()
+        out["different_versions"] = None
+    except RuntimeError as exc:
+        out["different_versions"] = str(exc).split(":")[0]
     return out

@@ -210,9 +210,9 @@ def test_tp_engine_sampling_is_the_same_on_every_rank(engine_ranks, model):
     assert rank0["token_ids"] != engine_ranks[0][model]["greedy_first"]  # it did sample
 
 
-def test_tp_engine_takes_in_submissions_when_every_rank_has_them(engine_ranks):
-    # tp rank 1 received half the prompts three steps after tp rank 0: both took them in at the same step.
-    rank0, rank1 = (rank["late"] for rank in engine_ranks)
+def test_tp_engine_follows_tp_rank_0s_requests(engine_ranks):
+    # Only tp rank 0 submitted (half of the prompts three steps in); tp rank 1 stepped and got the same completions.
+    rank0, rank1 = (rank["follow"] for rank in engine_ranks)
     assert rank0["token_ids"] == rank1["token_ids"] and rank0["steps"] == rank1["steps"]
     assert rank0["tokens_equal"] and rank0["logprob_diff"] <= LOGPROB_TOL  # the one-process engine's tokens
 
@@ -221,5 +221,6 @@ def test_tp_engine_refuses_what_would_deadlock(engine_ranks):
     for rank in engine_ranks:
         assert rank["min_free_bytes"] == 1000  # the smallest free memory of the group sizes every rank's pool
         assert "stepped by its owner" in rank["start"]
-        assert rank["different_seeds"] == "the engines of the tp group were built with different configs"
+        assert rank["different_configs"] == "the engines of the tp group were built with different configs"
         assert rank["different_order"] == "the tp ranks took in different requests or sampled different tokens"
+        assert rank["different_versions"] == "the tp ranks step under different policy versions [0, 1]"

@@ -181,6 +181,8 @@ def replicas(mesh) -> dict:
     for step, (finished, take) in enumerate(plan):
         ages = [((i * 3 + step) % 7) + 10.0 * step for i in range(len(finished))]
         mine = [(s, a) for i, (s, a) in enumerate(zip(finished, ages)) if i % mesh.n_replicas == mesh.replica]
+        if mesh.tp_rank:  # what a tp peer reports differs (its tools returned at other times): tp rank 0's counts
+            mine = [(s, a + 100.0) for s, a in mine[::-1]][:1]
         pool.exchange([s for s, _ in mine], [a for _, a in mine])
         for i, (s, a) in enumerate(zip(finished, ages)):
             ages_of[id(s)] = a
@@ -282,10 +284,10 @@ def sharded_adam_bitwise(mesh) -> dict:
 
 def readiness_gate(mesh) -> dict:
     """Replica 0 holds 3 ready items, the others none; 3 are needed. With k = 4 the first three calls answer False
-    without a collective and the fourth, on every rank, says True."""
+    without a collective and the fourth, on every rank, says True. A tp peer's own count is not counted."""
     gate = ReadinessGate(mesh, every=4)
     answers = [gate.poll(3 if mesh.replica == 0 else 0, needed=3) for _ in range(4)]
-    short = ReadinessGate(mesh, every=1).poll(1, needed=mesh.n_replicas + 1)
+    short = ReadinessGate(mesh, every=1).poll(100 if mesh.tp_rank else 1, needed=mesh.n_replicas + 1)
     return {"gate_answers": answers, "gate_collectives": gate.collectives, "gate_short": short}
 
 
