@@ -134,9 +134,13 @@ def _train(argv: list[str]) -> int:
     if sized:
         print(sized, file=sys.stderr)
     try:
-        print(json.dumps(train(cfg, plan=plan)))
+        last = train(cfg, plan=plan)
     except Interrupted as exc:
         return exc.exit_code
+    from agentrl.run.distributed import main_process
+
+    if main_process():  # one summary line for the run, not one per process
+        print(json.dumps(last))
     return 0
 
 

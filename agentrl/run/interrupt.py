@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 _pending: list[int] = []  # the signal waiting for a critical section to end
 _depth = [0]
@@ -46,13 +47,17 @@ def interrupts_stop_the_run():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    seen: list[int] = []
+    seen: list[tuple[int, float]] = []
 
     def handle(signum, frame):
+        # A launcher (torchrun) forwards a terminal's Ctrl-C to workers that got it already: the same signal
+        # again within a second is that echo, not a second request.
+        if seen and seen[0][0] == signum and time.monotonic() - seen[0][1] < 1.0:
+            return
         if seen:  # the second one: no more cleaning up
             print(f"\nagentrl: {signal.Signals(signum).name} again: exiting now", file=sys.stderr, flush=True)
             os._exit(128 + signum)
-        seen.append(signum)
+        seen.append((signum, time.monotonic()))
         print(f"\nagentrl: {signal.Signals(signum).name}: stopping after saving the last finished step "
               "(again to exit at once)", file=sys.stderr, flush=True)
         if _depth[0]:
