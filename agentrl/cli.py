@@ -137,6 +137,9 @@ def _train(argv: list[str]) -> int:
         last = train(cfg, plan=plan)
     except Interrupted as exc:
         return exc.exit_code
+    except ValueError as exc:  # inputs found wrong once loaded (a missing model, prompts too long): one line
+        print(f"agentrl train: {exc}", file=sys.stderr)
+        return 2
     from agentrl.run.distributed import main_process
 
     if main_process():  # one summary line for the run, not one per process
@@ -161,6 +164,9 @@ def _eval(argv: list[str]) -> int:
         print(sized, file=sys.stderr)
     try:
         print(json.dumps(evaluate(cfg)))
+    except ValueError as exc:  # inputs found wrong once loaded (a missing model, prompts too long): one line
+        print(f"agentrl eval: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         kept = f"; the finished rollouts are in {cfg.out}" if cfg.out else ""
         print(f"\nagentrl eval: interrupted{kept}", file=sys.stderr)

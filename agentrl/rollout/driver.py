@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -56,6 +57,7 @@ class RolloutDriver:
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main_task: asyncio.Task | None = None
+        self._skipped_in_a_row = 0  # prompts too long for max_sample_tokens, one after another
         self._held: list = []  # deterministic mode: requests waiting for the next engine step, with their keys
         self._in_engine = 0  # deterministic mode: requests submitted and not yet delivered
         self._thread: threading.Thread | None = None
@@ -108,6 +110,8 @@ class RolloutDriver:
 
     def check(self) -> None:
         if self.error is not None:
+            if isinstance(self.error, ValueError):  # a problem with the inputs, said in its own words
+                raise self.error
             raise RuntimeError("the rollout driver failed") from self.error
 
     def state_dict(self) -> dict:
@@ -144,6 +148,8 @@ class RolloutDriver:
                             prompt = next(self.prompts)
                         except StopIteration:
                             break
+                        if self._too_long(prompt):
+                            continue
                         group = Group(self._next_group_id, prompt, self.config.group_size)
                         self._next_group_id += 1
                         groups_started += 1
@@ -184,6 +190,25 @@ class RolloutDriver:
             self._pump_stop = True
             await asyncio.gather(pump, return_exceptions=True)
             self._loop = self._main_task = None
+
+    def _too_long(self, prompt: Prompt) -> bool:
+        """Whether `prompt` leaves no room to generate within `max_sample_tokens`: such a prompt is skipped (marked
+        consumed, counted in `stats.prompts_too_long`, announced once), and a whole epoch of them is an error rather
+        than a run that never trains."""
+        n = len(self.fmt.prompt_ids(self.env.start(prompt.sample).messages))
+        if n < self.config.max_sample_tokens:
+            self._skipped_in_a_row = 0
+            return False
+        self.prompts.consumed(prompt)
+        self.stats.prompts_too_long += 1
+        self._skipped_in_a_row += 1
+        if self.stats.prompts_too_long == 1:
+            print(f"agentrl: prompt {prompt.index} takes {n} tokens, no fewer than rollout.max_sample_tokens "
+                  f"({self.config.max_sample_tokens}); prompts that long are skipped and counted", file=sys.stderr)
+        if self._skipped_in_a_row >= len(self.prompts.dataset):
+            raise ValueError(f"every prompt is at least rollout.max_sample_tokens ({self.config.max_sample_tokens}) "
+                             f"tokens long; raise it")
+        return True
 
     def _pool_full(self) -> bool:
         limit = self.max_ready_samples

@@ -14,6 +14,7 @@ class DriverStats:
     rollouts_started: int = 0
     rollouts_finished: int = 0
     dropped_truncated: int = 0
+    prompts_too_long: int = 0  # skipped: no room to generate within max_sample_tokens
     # In-flight count seen after each refill while prompts remained: the driver's promise is that it equals the
     # target, so the engine's batch never drains while there is work to start.
     in_flight_while_refilling: list[int] = field(default_factory=list)

@@ -243,7 +243,8 @@ def step(run: Run) -> dict:
     run.engine_stats = now
     metrics = {"loss": trained.pop("loss"), **trained, "seconds": seconds, "wait_seconds": waited,
                "ready_groups": len(run.driver.pool), "ready_pool_age_s": run.driver.pool.oldest_age(),
-               "rollouts_in_flight": run.driver.stats.in_flight, **generation,
+               "rollouts_in_flight": run.driver.stats.in_flight,
+            "prompts_too_long": run.driver.stats.prompts_too_long, **generation,
                **{f"rollout/{k}": v for k, v in summarize(trajectories).items()},
                **{f"engine/{k}": v for k, v in dataclasses.asdict(now).items()}}
     return run.parallel.reduce_generation_metrics(metrics) if run.parallel is not None else metrics

@@ -119,3 +119,29 @@ def test_a_run_dir_of_another_model_is_refused_before_loading_anything(tmp_path,
     err = capsys.readouterr().err
     assert "another model.name" in err and "'some-other-model' there, 'tiny-qwen3' asked" in err
     assert err.count("\n") == 1  # one line
+
+
+def test_prompts_longer_than_a_sample_are_skipped_and_counted_or_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "gsm8k_math", *SMALL, "--max-steps", "1", "--trainer.row_tokens=4096"]
+    # Every GSM8K prompt (system turn and tool schema included) is longer than 64 tokens: a one-line refusal.
+    assert main([*base, "--rollout.max_sample_tokens=64", "--rollout.max_new_tokens=8", "--run-dir", "short"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "skipped and counted" in err[-2] and "every prompt is at least rollout.max_sample_tokens (64)" in err[-1]
+    # With room for most of them, the long ones are skipped and the step trains on the rest.
+    from agentrl.run.build import build_run, start, step, stop
+    from agentrl.run.config import TrainConfig
+
+    cfg = TrainConfig.from_dict({}, ["--model.name=tiny-qwen3", "--rollout.group_size=2", "--rollout.groups_per_step=1",
+                                     "--rollout.max_new_tokens=8", "--rollout.max_turns=1", "--deterministic=true",
+                                     "--checkpoint.run_dir=long"])
+    run = build_run(cfg)
+    lengths = sorted(len(run.fmt.prompt_ids(run.env.start(s).messages)) for s in run.prompts.dataset)
+    cfg.rollout.max_sample_tokens = lengths[len(lengths) // 2]  # half the prompts leave no room
+    start(run)
+    try:
+        metrics = step(run)
+    finally:
+        stop(run)
+    assert metrics["rollout/n"] == 2 and metrics["trained_tokens"] > 0
+    assert run.driver.stats.prompts_too_long == metrics["prompts_too_long"]
