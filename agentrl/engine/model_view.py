@@ -115,13 +115,13 @@ def model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
 def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | None = None, **options) -> int:
     """`torch.compile` every decoder layer of `model` on its own (`options` go to `Module.compile`); returns the
     number compiled. The engine compiles its view's layers (the norms, rotary embedding, SwiGLU and residual adds
-    fuse into a few kernels instead of ~40 small launches a layer, a third of a 512-row decode step; paged
+    fuse into a few kernels instead of dozens of small launches a layer, a large share of a decode step; paged
     attention is `torch.compiler.disable`d, so each layer compiles as the graphs around it), the trainer its
     model's. Shapes go dynamic at the second length seen.
 
     The layers of every copy of a model class share their code objects and dynamo's one cache per frame: the
-    trainer's entries plus the engine's exceeded the default limit of 8 on transformers' shared wrapper frames
-    (measured on CPU), and a frame past the limit runs eagerly from then on, with all it calls; hence 64.
+    trainer's entries plus the engine's exceeded the default limit of 8 on transformers' shared wrapper frames,
+    and a frame past the limit runs eagerly from then on, with all it calls; hence 64.
 
     `activation_memory_budget` (training only; a process-wide functorch setting read when the backward is
     partitioned): below 1 the compiled layers recompute their cheapest activations in the backward instead of
