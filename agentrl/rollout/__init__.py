@@ -3,16 +3,11 @@
 Exports are lazy so that `agentrl.rollout.config` can be read by a run's config without importing the driver.
 """
 
+from agentrl.lazy import lazy_exports
+
 _EXPORTS = {"RolloutConfig": "config", "RolloutDriver": "driver", "Group": "groups", "ReadyPool": "groups",
             "group_advantages": "groups", "DriverStats": "metrics", "summarize": "metrics", "Prompt": "prompts",
             "PromptIterator": "prompts", "Trajectory": "trajectory"}
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(f"agentrl.rollout.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'agentrl.rollout' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

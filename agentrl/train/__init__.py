@@ -5,6 +5,8 @@ the rollout driver, the environments nor the chat layer (`agentrl.run` wires the
 that `agentrl.train.config` (no torch) can validate a config before anything heavy loads.
 """
 
+from agentrl.lazy import lazy_exports
+
 _EXPORTS = {
     "Trainer": "trainer",
     "PackedBatch": "pack", "TrainableTokens": "pack", "pack_samples": "pack", "first_fit_decreasing": "pack",
@@ -16,11 +18,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(f"agentrl.train.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'agentrl.train' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
