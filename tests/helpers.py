@@ -363,3 +363,30 @@ def byte_sum_environment():
 
     env.reward = reward
     return env
+
+
+# ------------------------------------------------------------------------------ multi-process launches
+
+
+def torchrun(nproc: int, args: list[str], timeout_s: float, cwd: Path | None = None) -> str:
+    """`python -m torch.distributed.run --nproc-per-node=N args` (gloo on CPU); its output, or the test fails on an
+    error or on a hang (a deadlocked collective: gloo's own timeout is 30 minutes)."""
+    import os
+    import signal
+    import subprocess
+
+    import pytest
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the workers it started: one session
+        log, _ = proc.communicate()
+        pytest.fail(f"{nproc} processes running {args} did not finish in {timeout_s} s (deadlock?)\n{log[-4000:]}")
+    if proc.returncode:
+        pytest.fail(f"{nproc} processes running {args} failed (exit {proc.returncode})\n{log[-6000:]}")
+    return log

@@ -9,14 +9,12 @@ so that a failure there leaves the others' results standing.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+
+from tests.helpers import torchrun
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
@@ -26,19 +24,7 @@ TIMEOUT_S = 150  # a deadlocked collective (gloo's own timeout is 30 min) fails 
 
 
 def launch(nproc: int, specs: list[str], out: Path) -> dict[str, list[dict]]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(WORKER), str(out), *specs]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the workers it started: one session
-        log, _ = proc.communicate()
-        pytest.fail(f"{nproc} processes running {specs} did not finish in {TIMEOUT_S} s (deadlock?)\n{log[-4000:]}")
-    if proc.returncode:
-        pytest.fail(f"{nproc} processes running {specs} failed (exit {proc.returncode})\n{log[-6000:]}")
+    torchrun(nproc, [str(WORKER), str(out), *specs], TIMEOUT_S)
     results = {}
     for spec in specs:
         where = out / spec.replace(":", "-tp")

@@ -12,16 +12,14 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+
+from tests.helpers import torchrun
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
@@ -34,19 +32,7 @@ SMALL = ["--rollout.group_size=2", "--rollout.max_new_tokens=8", "--rollout.max_
 
 def launch(nproc: int, args: list[str]) -> str:
     """Run `python -m torch.distributed.run ... args` from the checkout; fail the test on an error or a hang."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the workers it started: one session
-        log, _ = proc.communicate()
-        pytest.fail(f"{nproc} processes running {args} did not finish in {TIMEOUT_S} s (deadlock?)\n{log[-4000:]}")
-    if proc.returncode:
-        pytest.fail(f"{nproc} processes running {args} failed (exit {proc.returncode})\n{log[-6000:]}")
-    return log
+    return torchrun(nproc, args, TIMEOUT_S, cwd=ROOT)
 
 
 def metrics(run_dir: Path) -> list[dict]:
