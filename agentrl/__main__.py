@@ -1,7 +1,5 @@
 """`python -m agentrl ...` runs the `agentrl` command."""
 
-import sys
+from agentrl.cli import entrypoint
 
-from agentrl.cli import main
-
-sys.exit(main())
+entrypoint()

@@ -254,5 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     return COMMANDS[argv[0]](argv[1:])
 
 
+def entrypoint() -> None:
+    """The installed `agentrl` command and `python -m agentrl`."""
+    from agentrl.parallel.process_exit import exit_process
+
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entrypoint()

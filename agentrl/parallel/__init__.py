@@ -7,7 +7,7 @@ then that they still hold the same weights (`weight_check`). Exports are lazy: `
 """
 
 _EXPORTS = {
-    "ParallelConfig": "config",
+    "ParallelConfig": "config", "exit_process": "process_exit", "launched": "process_exit",
     "Mesh": "mesh", "init_mesh": "mesh", "close_mesh": "mesh",
     "apply_tensor_parallel": "tensor_parallel", "full_state_dict": "tensor_parallel",
     "load_full_state_dict": "tensor_parallel", "local_head_counts": "tensor_parallel",

@@ -189,7 +189,11 @@ class ParallelRun:
         flag = torch.zeros(1, device=self.mesh.host_device)
         dist.all_reduce(flag)
 
-    def close(self) -> None:
+    def close(self, finished: bool) -> None:
+        """Destroy the process group. A run that `finished` waits for every rank first, so none tears its group
+        down while another still talks to it; one leaving on an error cannot wait for ranks that may be gone."""
+        if finished:
+            self.barrier()
         close_mesh(self.mesh)
 
     def _gather(self, value) -> list:

@@ -55,6 +55,7 @@ def _train(cfg: TrainConfig, plan: Plan, progress: bool) -> dict:
     bar = TrainProgress(progress and main, cfg.steps, run.start_step, run)
     last: dict = {}
     done = run.start_step  # the last step whose update finished
+    finished = False
     start(run)
     try:
         with interrupt_hold(parallel):
@@ -73,6 +74,7 @@ def _train(cfg: TrainConfig, plan: Plan, progress: bool) -> dict:
                 if out_of_time:
                     break
             _write_final(run)
+        finished = True
     except Interrupted:
         bar.close()
         stop(run)  # no new rollouts; the unfinished ones are dropped (their prompts were never marked consumed)
@@ -89,7 +91,7 @@ def _train(cfg: TrainConfig, plan: Plan, progress: bool) -> dict:
             log.close()
         bar.close()
         if parallel is not None:
-            parallel.close()
+            parallel.close(finished)
     return last
 
 

@@ -23,7 +23,7 @@ torch.set_num_threads(1)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, for `tests.*` imports
 
 from agentrl.models import load_model  # noqa: E402
-from agentrl.parallel import ParallelConfig, ReplicaDivergence, init_mesh  # noqa: E402
+from agentrl.parallel import ParallelConfig, ReplicaDivergence, exit_process, init_mesh  # noqa: E402
 from agentrl.run.config import TrainConfig  # noqa: E402
 from agentrl.run.distributed import ParallelRun  # noqa: E402
 from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig  # noqa: E402
@@ -84,8 +84,9 @@ def main() -> None:
     result = {"replica": parallel.mesh.replica, **pooled_steps(parallel), **divergence(parallel)}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{parallel.mesh.rank}.json").write_text(json.dumps(result))
-    parallel.close()
+    parallel.close(finished=True)
 
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

@@ -29,6 +29,7 @@ import environments.gsm8k_math as gsm8k  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from agentrl import cli  # noqa: E402
+from agentrl.parallel.process_exit import exit_process  # noqa: E402
 from agentrl.run import train  # noqa: E402
 
 
@@ -92,4 +93,4 @@ def record(out: Path, rank: int, runs: list, *, code: int | None = None, error: 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from agentrl.parallel import (ParallelConfig, ReadinessGate, ReplicaDivergence, SharedPool, ShardedAdamW,  # noqa: E402
                               apply_tensor_parallel, check_replica_weights, close_mesh, full_state_dict, init_mesh,
                               my_share, pooled_loss_denominator, reduce_gradients, sum_over_replicas)
+from agentrl.parallel.process_exit import exit_process  # noqa: E402
 from agentrl.parallel.sharded_adam import shard_filename  # noqa: E402
 from agentrl.sample import TrainingSample  # noqa: E402
 from agentrl.train.config import LossConfig, OptimConfig  # noqa: E402
@@ -316,9 +317,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # The results are on disk and the process group is destroyed. Skipping the interpreter's teardown avoids an
-    # abort there ("terminate called without an active exception": gloo's worker threads meeting a finalising
-    # interpreter), which now and then failed a launch whose every rank had finished.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_process(0)
