@@ -67,9 +67,7 @@ def default_device() -> str:
 
 def load_env_and_data(cfg: EnvConfig, split: str, limit: int | None = None) -> tuple[Environment, list[dict]]:
     env = load_environment(cfg.name, **cfg.args)
-    limits = [n for n in (cfg.data_limit, limit) if n is not None]
-    dataset = env.load_dataset(split=split, path=cfg.data, limit=min(limits) if limits else None)
-    return env, dataset
+    return env, cfg.rows(list(env.load_dataset(split=split, path=cfg.data, limit=cfg.load_limit(limit))), limit)
 
 
 def load_policy(cfg: ModelConfig, device: str, *, training: bool):

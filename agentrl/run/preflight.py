@@ -41,9 +41,8 @@ def check_inputs(cfg) -> Inputs:
     """Load `cfg`'s environment (with `cfg.env.args`) and its data: split train for a TrainConfig, `cfg.split`
     (and `cfg.limit`) for an EvalConfig. Every problem is a one-line ConfigError; `cfg` is left as it is."""
     split = getattr(cfg, "split", "train")
-    limits = [n for n in (cfg.env.data_limit, getattr(cfg, "limit", None)) if n is not None]
     env = check_environment(cfg.env)
-    dataset = check_dataset(env, cfg.env, split, min(limits) if limits else None)
+    dataset = check_dataset(env, cfg.env, split, getattr(cfg, "limit", None))
     return Inputs(env, dataset, split)
 
 
@@ -184,7 +183,7 @@ def check_dataset(env, env_cfg, split: str, limit: int | None) -> list[dict] | N
         return None
     source = env_cfg.data or f"{env_cfg.name}'s built-in data"
     try:
-        dataset = env.load_dataset(split=split, path=env_cfg.data, limit=limit)
+        dataset = env.load_dataset(split=split, path=env_cfg.data, limit=env_cfg.load_limit(limit))
     except DataFileNotFound as exc:
         raise ConfigError(f"env.data: {exc}") from None
     except DataError:
@@ -193,6 +192,9 @@ def check_dataset(env, env_cfg, split: str, limit: int | None) -> list[dict] | N
         raise ConfigError(f"env.data: {source}, split {split!r}: {one_line(exc)}") from None
     if not isinstance(dataset, (list, tuple)) or not dataset:
         raise ConfigError(f"env.data: {source}, split {split!r}: no samples to roll out")
+    dataset = env_cfg.rows(list(dataset), limit)
+    if not dataset:
+        raise ConfigError(f"env.data_rows: {env_cfg.data_rows!r} leaves none of the {source} split {split!r}'s rows")
     for i, sample in enumerate(dataset):
         if not isinstance(sample, dict):
             raise ConfigError(f"env.data: {source}, split {split!r}: sample {i} is not a dict")

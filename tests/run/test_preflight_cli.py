@@ -79,6 +79,8 @@ CASES = [
     ("rows_shorter_than_samples", {}, ["train", "gsm8k_math", "--trainer.row_tokens=10"],
      ["trainer.row_tokens", "rollout.max_sample_tokens"]),
     ("data_limit_zero", {}, ["train", "gsm8k_math", "--env.data_limit=0"], ["env.data_limit", "must be >= 1"]),
+    ("data_rows_not_a_slice", {}, ["train", "gsm8k_math", "--env.data_rows=last500"], ["env.data_rows", "START:STOP"]),
+    ("data_rows_empty", {}, ["eval", "gsm8k_math", "--env.data_rows=5:5"], ["env.data_rows", "leaves none"]),
     ("max_steps_not_a_number", {}, ["train", "gsm8k_math", "--max-steps", "x"], ["--max-steps", "invalid int"]),
     ("eval_limit_zero", {}, ["eval", "gsm8k_math", "--limit", "0"], ["limit", "must be >= 1"]),
     ("eval_limit_negative", {}, ["eval", "gsm8k_math", "--limit=-3"], ["limit", "must be >= 1"]),
