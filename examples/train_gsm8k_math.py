@@ -1,7 +1,7 @@
 """Train on gsm8k_math: the script users copy. Edit the YAML beside it, or pass --section.key=value overrides.
 
-On a GPU, from the repository's root (the YAML reads ../shared/data/gsm8k/train.jsonl from there; add
---env.data=null to train on the built-in generated problems instead):
+On a GPU, from the repository's root (the YAML reads ../shared/data/gsm8k/train.jsonl from there, all but its
+last 500 rows; add --env.data=null --env.data_rows=null to train on the built-in generated problems instead):
 
     python examples/train_gsm8k_math.py [--optim.lr=1e-6 ...]
 

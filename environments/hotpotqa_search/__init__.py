@@ -2,7 +2,8 @@
 
 The model searches the paragraphs of the loaded split (HotpotQA, or the built-in generated set) and gives
 its answer in `<answer>…</answer>`; the reward is the answer's F1 against the gold answer, with exact match
-and the number of searches logged beside it, plus a small bonus for a search that ran (`format_bonus`).
+and the number of searches logged beside it, plus a bonus for a right answer reached by searching
+(`search_bonus`: the F1 again, weighted, when a search ran), so searching pays only through the answers it finds.
 Worked examples (`few_shot`) open the conversation.
 """
 
@@ -16,7 +17,8 @@ from environments.hotpotqa_search.metrics import answer_em, answer_f1, extract_a
 from environments.hotpotqa_search.search import SearchIndex, paragraphs_from_samples
 
 __all__ = ["HotpotQASearchEnv", "load_environment", "answer_f1", "answer_em", "extract_answer", "predicted_answer",
-           "normalize_answer", "SearchIndex", "SYSTEM_PROMPT", "EXAMPLES", "example_messages", "format_reward"]
+           "normalize_answer", "SearchIndex", "SYSTEM_PROMPT", "EXAMPLES", "example_messages", "format_reward",
+           "searched_f1"]
 
 SYSTEM_PROMPT = (
     "You answer questions that need facts from more than one encyclopedia paragraph. "
@@ -84,6 +86,12 @@ def format_reward(episode: Episode) -> float:
     return float(searches_run(episode) > 0)
 
 
+def searched_f1(episode: Episode, f1: float) -> float:
+    """The answer's F1 if at least one search ran, else 0.0: a search followed by a wrong answer earns nothing,
+    so tool use cannot rise on its own, only with the answers it leads to. `search_bonus` is its weight."""
+    return f1 if searches_run(episode) > 0 else 0.0
+
+
 class HotpotQASearchEnv(Environment):
     name = "hotpotqa_search"
     system_prompt = SYSTEM_PROMPT
@@ -91,21 +99,27 @@ class HotpotQASearchEnv(Environment):
     reward_weights = {"answer_f1": 1.0, "answer_em": 0.0, "search_calls": 0.0}
     # Worked examples before the question (see EXAMPLES); 0 shows the question alone.
     few_shot: int = 4
-    # Weight of `format_reward` added to the F1; 0.0 leaves the component out, so reward is plain F1. On by
-    # default because F1 alone does not favour searching for a small model, whose answers score about the same
-    # with or without a search, and few groups then have any reward spread (BENCHMARKS.md). answer_f1 stays the
-    # metric to compare runs by; a wrong answer after a search scores 0.1, far below any right one.
-    format_bonus: float = 0.1
+    # Weight of `searched_f1`: a right answer found by searching scores (1 + search_bonus) x F1, the same answer
+    # without a search F1 alone, a wrong one 0 either way. F1 alone does not favour searching where a model's
+    # answers score about the same with or without a search; a flat bonus for searching (format_bonus below)
+    # makes searching rise on its own while the answers stay wrong (BENCHMARKS.md, the SmolLM2 run).
+    search_bonus: float = 0.1
+    # Weight of `format_reward` (1.0 once any search ran, whatever the answer): 0.0 by default, for the reason above.
+    format_bonus: float = 0.0
 
     def __init__(self, path: str | None = None, split: str = "train", limit: int | None = None, seed: int = 0,
                  top_k: int = 3, max_paragraph_chars: int = 500, **kwargs):
         super().__init__(**kwargs)
         if not 0 <= self.few_shot <= len(EXAMPLES):
             raise ValueError(f"few_shot must be between 0 and {len(EXAMPLES)}, got {self.few_shot}")
-        if self.format_bonus < 0:
-            raise ValueError(f"format_bonus must be >= 0, got {self.format_bonus}")
+        for name in ("search_bonus", "format_bonus"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        self.reward_weights = dict(type(self).reward_weights)
+        if self.search_bonus:
+            self.reward_weights["searched_f1"] = float(self.search_bonus)
         if self.format_bonus:
-            self.reward_weights = {**type(self).reward_weights, "search_format": float(self.format_bonus)}
+            self.reward_weights["search_format"] = float(self.format_bonus)
         self.path, self.split, self.limit, self.seed = path, split, limit, seed
         self.top_k = top_k
         self.max_paragraph_chars = max_paragraph_chars
@@ -179,8 +193,10 @@ class HotpotQASearchEnv(Environment):
     def reward(self, episode: Episode) -> dict[str, float]:
         prediction = predicted_answer(episode)
         gold = str(episode.sample.get("answer", ""))
-        parts = {"answer_f1": answer_f1(prediction, gold), "answer_em": answer_em(prediction, gold),
-                 "search_calls": float(searches_run(episode))}
+        f1 = answer_f1(prediction, gold)
+        parts = {"answer_f1": f1, "answer_em": answer_em(prediction, gold), "search_calls": float(searches_run(episode))}
+        if self.search_bonus:
+            parts["searched_f1"] = searched_f1(episode, f1)
         if self.format_bonus:
             parts["search_format"] = format_reward(episode)
         return parts

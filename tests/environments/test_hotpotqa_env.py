@@ -89,7 +89,7 @@ def test_episode_search_answer_and_reward(env, train):
     asyncio.run(env.step(episode, f"Found it. <answer>{sample['answer']}</answer>"))
     assert episode.done
     total, parts = env.total_reward(episode)
-    assert parts == {"answer_f1": 1.0, "answer_em": 1.0, "search_calls": 1.0, "search_format": 1.0}
+    assert parts == {"answer_f1": 1.0, "answer_em": 1.0, "search_calls": 1.0, "searched_f1": 1.0}
     assert total == pytest.approx(1.1)  # EM and search count carry weight 0, the format bonus 0.1
 
 
@@ -157,8 +157,8 @@ def test_examples_are_not_the_episodes_answer(env):
     assert env.reward(episode)["answer_f1"] == 1.0
 
 
-def test_format_bonus_zero_leaves_plain_f1(train):
-    env = load_environment(format_bonus=0)
+def test_bonuses_zero_leave_plain_f1(train):
+    env = load_environment(search_bonus=0)
     episode = env.start(train[0])
     asyncio.run(env.step(episode, _call("anything")))
     asyncio.run(env.step(episode, "<answer>wrong</answer>"))
@@ -167,35 +167,53 @@ def test_format_bonus_zero_leaves_plain_f1(train):
     assert env.reward_weights == HotpotQASearchEnv.reward_weights
 
 
-@pytest.mark.parametrize("turns,expected_format,expected_total", [
-    ([_call("q"), "<answer>{gold}</answer>"], 1.0, 1.1),  # searched and right: F1 + the bonus
-    ([_call("q"), "<answer>nothing</answer>"], 1.0, 0.1),  # searched, wrong answer: the bonus alone
-    ([_call("a"), _call("b"), _call("c"), "<answer>nothing</answer>"], 1.0, 0.1),  # once per episode
+@pytest.mark.parametrize("turns,expected_searched,expected_total", [
+    ([_call("q"), "<answer>{gold}</answer>"], 1.0, 1.1),  # searched and right: F1 plus the bonus
+    ([_call("q"), "<answer>nothing</answer>"], 0.0, 0.0),  # searched, wrong answer: nothing for searching
+    ([_call("a"), _call("b"), _call("c"), "<answer>{gold}</answer>"], 1.0, 1.1),  # once per episode
     (["<answer>{gold}</answer>"], 0.0, 1.0),  # right without searching: F1 alone
-    (['<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>', "<answer>nothing</answer>"], 0.0, 0.0),
-    (['<tool_call>{"name": "lookup", "arguments": {"query": "x"}}</tool_call>', "<answer>nothing</answer>"], 0.0, 0.0),
-    (["<tool_call>search: x</tool_call>", "<answer>nothing</answer>"], 0.0, 0.0),
-    (['<tool_call>[{"name": "search", "arguments": {"query": "x"}}]</tool_call>', "<answer>nothing</answer>"], 1.0, 0.1),
+    (['<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>', "<answer>{gold}</answer>"], 0.0, 1.0),
+    (['<tool_call>{"name": "lookup", "arguments": {"query": "x"}}</tool_call>', "<answer>{gold}</answer>"], 0.0, 1.0),
+    (["<tool_call>search: x</tool_call>", "<answer>{gold}</answer>"], 0.0, 1.0),
+    (['<tool_call>[{"name": "search", "arguments": {"query": "x"}}]</tool_call>', "<answer>{gold}</answer>"], 1.0, 1.1),
 ])
-def test_format_bonus(env, train, turns, expected_format, expected_total):
-    assert env.format_bonus == 0.1
+def test_search_bonus_pays_only_for_right_answers(env, train, turns, expected_searched, expected_total):
+    assert env.search_bonus == 0.1 and env.format_bonus == 0.0
     sample = train[0]
     episode = env.start(sample)
     for text in turns:
         asyncio.run(env.step(episode, text.replace("{gold}", sample["answer"])))
     assert episode.done
     total, parts = env.total_reward(episode)
+    assert parts["searched_f1"] == expected_searched
+    assert total == pytest.approx(expected_total)
+    assert set(parts) == {"answer_f1", "answer_em", "search_calls", "searched_f1"}
+
+
+@pytest.mark.parametrize("turns,expected_format,expected_total", [
+    ([_call("q"), "<answer>nothing</answer>"], 1.0, 0.1),  # the flat bonus: a search with a wrong answer pays
+    (['<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>', "<answer>nothing</answer>"], 0.0, 0.0),
+])
+def test_format_bonus_is_a_flat_bonus_for_searching(train, turns, expected_format, expected_total):
+    env = load_environment(search_bonus=0, format_bonus=0.1)
+    sample = train[0]
+    episode = env.start(sample)
+    for text in turns:
+        asyncio.run(env.step(episode, text))
+    total, parts = env.total_reward(episode)
     assert format_reward(episode) == parts["search_format"] == expected_format
     assert total == pytest.approx(expected_total)
-    assert set(parts) == {"answer_f1", "answer_em", "search_calls", "search_format"}
 
 
 def test_format_bonus_options():
     assert load_environment(format_bonus=0.25).reward_weights == {"answer_f1": 1.0, "answer_em": 0.0,
-                                                                  "search_calls": 0.0, "search_format": 0.25}
+                                                                  "search_calls": 0.0, "searched_f1": 0.1,
+                                                                  "search_format": 0.25}
     assert HotpotQASearchEnv.reward_weights == {"answer_f1": 1.0, "answer_em": 0.0, "search_calls": 0.0}
-    with pytest.raises(ValueError, match="format_bonus"):
-        load_environment(format_bonus=-0.1)
+    for name in ("format_bonus", "search_bonus"):
+        with pytest.raises(ValueError, match=name):
+            load_environment(**{name: -0.1})
+
 
 
 def test_answer_with_a_tool_call_ends_the_episode(env, train):

@@ -115,9 +115,9 @@ class Script:
 def run():
     # A short system prompt and short search results keep contexts small for the CPU engine.
     # No worked examples: the scripted policy reads its question from the first user turn and its turn number
-    # from the assistant headers, which example turns would shift. No format bonus: rewards here are plain F1.
+    # from the assistant headers, which example turns would shift. No search bonus: rewards here are plain F1.
     env = ChaosSearch(top_k=1, max_paragraph_chars=80, system_prompt="Search, then answer inside <answer></answer>.",
-                      few_shot=0, format_bonus=0)
+                      few_shot=0, search_bonus=0)
     samples = env.load_dataset(split="train", limit=NUM_PROMPTS)
     script = Script(samples)
     model, tok = load_model("tiny-qwen3")

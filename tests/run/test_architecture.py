@@ -151,7 +151,7 @@ def test_every_key_of_an_example_config_reaches_its_owner(path, tmp_path, capsys
         assert getattr(owner, field) == coerce(value, hint, key), key
 
     # ... and each section is the very object its component runs with (a tiny model and built-in data here).
-    small = TrainConfig.from_yaml(path, ["--model.name=tiny-qwen3", "--env.data=null",
+    small = TrainConfig.from_yaml(path, ["--model.name=tiny-qwen3", "--env.data=null", "--env.data_rows=null",
                                          f"--checkpoint.run_dir={tmp_path}", "--engine.gpu_memory_fraction=0.05"])
     run = build_run(small)
     try:

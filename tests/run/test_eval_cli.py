@@ -115,4 +115,4 @@ def test_eval_summary_of_a_scripted_tool_user_is_exact(tmp_path, capsys, monkeyp
         assert [c["name"] for c in record["tool_calls"]] == ["search", "search"]
         assert record["answer"] == f"<answer>{record['gold']}</answer>" and record["finish_reason"] == "done"
         assert record["reward_components"] == {"answer_f1": 1.0, "answer_em": 1.0, "search_calls": 2.0,
-                                               "search_format": 1.0}
+                                               "searched_f1": 1.0}

@@ -45,6 +45,7 @@ def test_script_trains_as_shipped(script, tmp_path, monkeypatch, capsys):
     overrides = [o for o in cpu_overrides(script) if not o.startswith(("--steps=", "--rollout.max_new_tokens="))]
     monkeypatch.setattr(sys, "argv", [str(script), *overrides, "--steps=1", "--rollout.max_new_tokens=8",
                                       "--rollout.group_size=2", "--model.name=tiny-qwen3", "--env.data=null",
+                                      "--env.data_rows=null",
                                       f"--checkpoint.run_dir={run}"])
     runpy.run_path(str(script), run_name="__main__")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

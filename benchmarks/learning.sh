@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Does a recipe learn? Held-out eval before → GRPO with the recipe (time-bounded) → eval after → the difference
+# with 95% bootstrap intervals (`agentrl eval --compare`), curves and a summary.md for BENCHMARKS.md.
+#
+# usage: CONFIG=examples/train_hotpotqa_search_qwen05.yaml EVAL="--data ../shared/data/hotpotqa/dev.jsonl" \
+#        MODEL=path/to/model.gguf TRAIN_SECONDS=240 OUT=out/hotpotqa bash benchmarks/learning.sh [--key=value ...]
+# EVAL holds the eval's data and environment flags: the held-out questions (never the training rows) and the same
+# env.args the recipe trains with. Extra arguments go to `agentrl train` (config overrides).
+# SKIP_BEFORE=1 reuses $OUT/before.jsonl (greedy: an earlier run measured exactly the same).
+set -euo pipefail
+: "${CONFIG:?the recipe, e.g. examples/train_hotpotqa_search_qwen05.yaml}" "${EVAL:?the held-out eval flags}"
+OUT=${OUT:-runs/learning}
+RUN=${RUN:-$OUT/run}
+TRAIN_SECONDS=${TRAIN_SECONDS:-240}
+ENV_NAME=$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['env']['name'])" "$CONFIG")
+MODEL=${MODEL:-$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['model']['name'])" "$CONFIG")}
+mkdir -p "$OUT"
+# shellcheck disable=SC2086  # EVAL is a list of flags
+evaluate() {  # $1 model, $2 name: the per-question JSONL and the summary line
+  python3 -m agentrl.cli eval "$ENV_NAME" --model "$1" $EVAL --out "$OUT/$2.jsonl" | tee "$OUT/$2.json"
+}
+[ "${SKIP_BEFORE:-0}" = 1 ] || evaluate "$MODEL" before
+# A run that stops making steps is ended 180 s after its time limit; what it saved is evaluated all the same.
+timeout $(( TRAIN_SECONDS + 180 )) python3 -m agentrl.cli train "$ENV_NAME" --config "$CONFIG" --model "$MODEL" \
+  --time_limit_s="$TRAIN_SECONDS" --run-dir "$RUN" --overwrite "$@" 2> "$OUT/train.log" | tail -1 || {
+  echo "training ended with an error or stalled; see $OUT/train.log" >&2
+  tail -5 "$OUT/train.log" >&2
+}
+evaluate "$RUN/final" after
+python3 -m agentrl.cli eval --compare "$OUT/before.jsonl" "$OUT/after.jsonl" | tee "$OUT/compare.txt"
+python3 -m agentrl.cli plot "$RUN" --out "$OUT/curves.png" || true
+{
+  printf '# %s on %s\n\n' "$(basename "$MODEL")" "$ENV_NAME"
+  printf 'Command: `CONFIG=%s EVAL="%s" MODEL=%s TRAIN_SECONDS=%s bash benchmarks/learning.sh%s`\n' \
+    "$CONFIG" "$EVAL" "$MODEL" "$TRAIN_SECONDS" "${*:+ $*}"
+  printf 'at commit %s · %s · device: %s · curves: curves.png\n\n' "$(git rev-parse --short HEAD 2>/dev/null || echo ?)" \
+    "$(date -u '+%F %H:%M UTC')" \
+    "$(python3 -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU")')"
+  printf '## Held-out, before → after (95%% paired bootstrap intervals)\n\n```\n%s\n```\n\n' "$(cat "$OUT/compare.txt")"
+  python3 benchmarks/summarize_run.py "$RUN" --eval "$OUT/before.json" --eval "$OUT/after.json"
+} > "$OUT/summary.md"
+cp "$RUN/metrics.jsonl" "$OUT/metrics.jsonl" 2>/dev/null || true
+cat "$OUT/summary.md"
