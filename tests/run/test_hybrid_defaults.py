@@ -1,0 +1,40 @@
+"""What a hybrid (linear-attention) model trains with when nothing is set: varlen kernels on GPU, the exact
+per-sample path on CPU, and a one-line error naming the extra when the GPU's kernels are not installed."""
+
+import pytest
+import torch
+
+from agentrl.models import load_model
+from agentrl.run.build import attention_implementation, check_hybrid_kernels, hybrid_varlen
+from agentrl.train.config import ModelConfig
+from agentrl.train.logprobs import varlen_kernels_installed
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    return load_model("tiny-qwen3.5")[0]
+
+
+def test_varlen_kernels_are_the_default_on_gpu_only():
+    assert hybrid_varlen(ModelConfig(), "cuda") is True
+    assert hybrid_varlen(ModelConfig(), "cpu") is False
+    assert hybrid_varlen(ModelConfig(hybrid_varlen=False), "cuda") is False
+    assert hybrid_varlen(ModelConfig(hybrid_varlen=True), "cpu") is True
+
+
+@pytest.mark.skipif(varlen_kernels_installed(), reason="flash-linear-attention is installed here")
+def test_missing_kernels_name_the_extra_before_training(hybrid):
+    with pytest.raises(ValueError, match=r"flash-linear-attention: pip install 'agentrl\[gpu\]'.*hybrid_varlen=false"):
+        check_hybrid_kernels(ModelConfig(name="tiny-qwen3.5"), hybrid, "cuda")
+    check_hybrid_kernels(ModelConfig(name="tiny-qwen3.5"), hybrid, "cpu")  # the exact per-sample path
+    check_hybrid_kernels(ModelConfig(name="tiny-qwen3.5", hybrid_varlen=False), hybrid, "cuda")
+    dense = load_model("tiny-qwen3")[0]
+    check_hybrid_kernels(ModelConfig(name="tiny-qwen3"), dense, "cuda")  # nothing to ask of a dense model
+
+
+def test_a_hybrid_model_is_never_given_flex_attention(hybrid):
+    # transformers refuses flex_attention for Qwen3.5; without the flat varlen layout (here: fp32, no flash) the
+    # per-sample path runs under sdpa. A dense model keeps flex_attention's block-sparse packed mask.
+    assert attention_implementation(ModelConfig(), hybrid, "cuda") == "sdpa"
+    assert attention_implementation(ModelConfig(hybrid_varlen=False), hybrid.to(torch.bfloat16), "cuda") == "sdpa"
+    assert attention_implementation(ModelConfig(), load_model("tiny-qwen3")[0], "cuda") == "flex_attention"
