@@ -31,7 +31,7 @@ from agentrl.run.distributed import ParallelRun, restore_rollout_state, warn
 from agentrl.run.interrupt import critical
 from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint
 from agentrl.train.config import ModelConfig
-from agentrl.train.logprobs import is_hybrid, packing_error
+from agentrl.train.logprobs import is_hybrid, packing_error, varlen_kernels_installed
 from agentrl.train.optim import retarget_schedule
 from agentrl.train.trainer import Trainer
 from agentrl.train.varlen_attention import ATTN_IMPLEMENTATION, register, varlen_attention_available
@@ -78,18 +78,34 @@ def load_policy(cfg: ModelConfig, device: str, *, training: bool):
     if not training:
         model.eval()
         return model, tokenizer
+    check_hybrid_kernels(cfg, model, device)
     attn_implementation = attention_implementation(cfg, model, device)
     if attn_implementation:
         model.set_attn_implementation(attn_implementation)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    if is_hybrid(model) and cfg.hybrid_varlen:
+    if is_hybrid(model) and hybrid_varlen(cfg, device):
         error = packing_error(model, hybrid_varlen=True)
         if error > 1e-2:  # kernels that ignore sample boundaries differ by whole units, not by rounding
             raise RuntimeError(f"varlen kernels leak across packed samples (error {error:.3g}); "
                                "set model.hybrid_varlen=false to use the boundary-respecting path")
     return model, tokenizer
+
+
+def hybrid_varlen(cfg: ModelConfig, device: str) -> bool:
+    """Whether a hybrid model's packed rows go to varlen kernels (`model.hybrid_varlen`; None: on GPU)."""
+    return cfg.hybrid_varlen if cfg.hybrid_varlen is not None else device == "cuda"
+
+
+def check_hybrid_kernels(cfg: ModelConfig, model, device: str) -> None:
+    """A hybrid model trained through varlen kernels needs flash-linear-attention: say which extra installs it.
+    (transformers' torch fallback of those layers ignores sample boundaries: never run packed rows through it.)"""
+    if is_hybrid(model) and hybrid_varlen(cfg, device) and not varlen_kernels_installed():
+        default = " (the default on GPU)" if cfg.hybrid_varlen is None else ""
+        raise ValueError(f"{cfg.name} has linear-attention layers, and training them on packed rows{default} needs "
+                            "flash-linear-attention: pip install 'agentrl[gpu]' (or set model.hybrid_varlen=false "
+                            "for the slower per-sample path)")
 
 
 def attention_implementation(cfg: ModelConfig, model, device: str) -> str | None:
@@ -99,9 +115,12 @@ def attention_implementation(cfg: ModelConfig, model, device: str) -> str | None
     if name is None:
         if device != "cuda":
             return None
-        flat = not is_hybrid(model) or cfg.hybrid_varlen
+        flat = not is_hybrid(model) or hybrid_varlen(cfg, device)
         half = model.dtype in (torch.float16, torch.bfloat16)
-        name = ATTN_IMPLEMENTATION if flat and half and varlen_attention_available() else "flex_attention"
+        if flat and half and varlen_attention_available():
+            name = ATTN_IMPLEMENTATION
+        else:  # transformers refuses flex_attention for hybrid models; their per-sample path pads, sdpa serves it
+            name = "sdpa" if is_hybrid(model) else "flex_attention"
     if name == ATTN_IMPLEMENTATION:
         if not varlen_attention_available():
             raise RuntimeError(f"model.attn_implementation={ATTN_IMPLEMENTATION} needs CUDA with flash attention "
@@ -155,7 +174,7 @@ def build_run(cfg: TrainConfig, checkpoint: Path | None | str = "latest", parall
     else:
         prompts = PromptIterator(dataset, seed=cfg.seed)
     trainer = Trainer(model, cfg.trainer, cfg.loss, cfg.optim, total_steps=cfg.steps,
-                      temperature=cfg.rollout.temperature, hybrid_varlen=cfg.model.hybrid_varlen,
+                      temperature=cfg.rollout.temperature, hybrid_varlen=hybrid_varlen(cfg.model, device),
                       pad_token_id=tokenizer.pad_token_id or 0)
     # Several processes alternate generation and training, the engine taking requests in a fixed order: what tp
     # ranks need to step their engines alike.
