@@ -20,7 +20,8 @@ class ModelConfig:
     name: str = "smollm2-135m-instruct"  # hub id, local directory, or a name `agentrl.models.load_model` knows
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on GPU, float32 on CPU
     # None: sdpa on CPU; on GPU agentrl_varlen (flash varlen attention over one flat row of the real tokens, see
-    # agentrl.train.varlen_attention) for bf16/fp16 models, dense or hybrid with hybrid_varlen, else flex_attention.
+    # agentrl.train.varlen_attention) for bf16/fp16 models, dense or hybrid with hybrid_varlen; else flex_attention
+    # for dense models and sdpa for hybrid ones (transformers refuses flex_attention for them).
     attn_implementation: str | None = None
     gradient_checkpointing: bool = False
     # torch.compile each decoder layer (BENCHMARKS.md: the train-step table). Off by default until compiling the
@@ -29,9 +30,10 @@ class ModelConfig:
     # With compile_layers: the activation memory budget (0, 1] of each compiled layer's forward/backward split;
     # below 1 the partitioner recomputes the cheapest activations in the backward instead of saving them.
     activation_memory_budget: float = 1.0
-    # Hybrid (linear-attention) models: pass sample boundaries to varlen kernels (flash-linear-attention) instead
-    # of running each sample on its own; the loop verifies the kernels honour them before the first step.
-    hybrid_varlen: bool = False
+    # Hybrid (linear-attention) models: pass sample boundaries to varlen kernels (flash-linear-attention, the `gpu`
+    # extra) instead of running each sample on its own; the run verifies the kernels honour them before the first
+    # step. None: on GPU (where the per-sample path is slow), never on CPU (where the per-sample path is exact).
+    hybrid_varlen: bool | None = None
 
     def __post_init__(self):
         check_types(self, "model")
