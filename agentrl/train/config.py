@@ -140,6 +140,10 @@ class TrainerConfig:
     row_pad_multiple: int = 128  # row width rounded up to this: fewer distinct shapes for compiled attention kernels
     logprob_chunk_size: int = 1024  # rows of the chunked lm_head (its fp32 logits: rows x vocab x 4 bytes)
     rows_per_micro_batch: int = 1  # packed rows per forward/backward; gradients accumulate over the batch
+    # Compute each rollout group's common prefix (the prompt, and any history its members share) once instead of
+    # once per member (agentrl.train.prefix_pack); exact, and applied only where the forward supports it (dense
+    # full-attention models under sdpa, eager, flex_attention or the varlen kernel). false: unshared packing.
+    share_prefix: bool = True
 
     def __post_init__(self):
         check_types(self, "trainer")

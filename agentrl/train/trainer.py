@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from typing import Callable, ContextManager, Sequence
 
 import torch
@@ -19,6 +20,11 @@ from agentrl.train.logprobs import packed_token_logprobs
 from agentrl.train.loss import loss_denominator, policy_loss
 from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
 from agentrl.train.pack import pack_samples
+from agentrl.train.prefix_forward import prefix_sharing_error, prefix_sharing_unsupported, shared_token_logprobs
+from agentrl.train.prefix_pack import SharedBatch, pack_shared, prefix_tree_tokens, groups_of
+
+# A tree mask read wrongly changes hidden states by O(1); rounding (bf16 included) stays far below this.
+_TREE_ERROR_LIMIT = 0.05
 
 
 class Trainer:
@@ -32,6 +38,23 @@ class Trainer:
         self.optimizer = build_optimizer(model, optim)
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
         self.stepper = Stepper(model, self.optimizer, self.scheduler, optim)
+        # Prefix sharing where the forward supports it; checked once against unshared packing on the real
+        # attention kernel before the first step relies on it.
+        self.share_prefix = config.share_prefix and prefix_sharing_unsupported(model, hybrid_varlen) is None
+        self._tree_checked = False
+
+    def pack(self, samples: Sequence[TrainingSample]):
+        """The step's batch: prefix-shared where enabled and supported, else unshared."""
+        if self.share_prefix and not self._tree_checked:
+            self._tree_checked = True
+            error = prefix_sharing_error(self.model)
+            if error > _TREE_ERROR_LIMIT:
+                self.share_prefix = False
+                warnings.warn(f"prefix-shared forward differs from unshared packing on this model and attention "
+                              f"(relative error {error:.3g}); training on unshared packing", stacklevel=2)
+        cfg = self.config
+        pack = pack_shared if self.share_prefix else pack_samples
+        return pack(samples, cfg.row_tokens, pad_token_id=self.pad_token_id, pad_to_multiple=self.pad_multiple)
 
     def step(self, samples: Sequence[TrainingSample], policy_version: int,
              guard: Callable[[], ContextManager] = contextlib.nullcontext) -> dict:
@@ -39,7 +62,7 @@ class Trainer:
         cfg = self.config
         # Everything a micro-batch needs is built on the host and copied without blocking; the only waits on the
         # device come after the last backward (the loss and the metrics).
-        batch = pack_samples(samples, cfg.row_tokens, pad_token_id=self.pad_token_id, pad_to_multiple=self.pad_multiple)
+        batch = self.pack(samples)
         tokens = batch.trainable_tokens()
         denominator = float(loss_denominator(tokens, self.loss_config, policy_version))
         started = time.perf_counter()
@@ -50,9 +73,13 @@ class Trainer:
             micro, micro_tokens = host_micro.to(self.device), host_micro.trainable_tokens().to(self.device)
             # Under the temperature the generator sampled with: the behaviour logprobs are of logits / T, and the
             # importance ratio must compare like with like.
-            logprobs, entropy = packed_token_logprobs(self.model, micro, chunk_size=cfg.logprob_chunk_size,
-                                                      hybrid_varlen=self.hybrid_varlen,
-                                                      pad_multiple=self.pad_multiple, temperature=self.temperature)
+            if isinstance(micro, SharedBatch):
+                logprobs, entropy = shared_token_logprobs(self.model, micro, chunk_size=cfg.logprob_chunk_size,
+                                                          pad_multiple=self.pad_multiple, temperature=self.temperature)
+            else:
+                logprobs, entropy = packed_token_logprobs(self.model, micro, chunk_size=cfg.logprob_chunk_size,
+                                                          hybrid_varlen=self.hybrid_varlen,
+                                                          pad_multiple=self.pad_multiple, temperature=self.temperature)
             loss, metrics = policy_loss(logprobs, micro_tokens, self.loss_config, current_version=policy_version,
                                         entropy=entropy, denominator=denominator, defer_metrics=True)
             loss.backward()
@@ -63,16 +90,28 @@ class Trainer:
         with guard():
             result = self.stepper.step(torch.tensor(loss_total))
         seconds = time.perf_counter() - started
+        trained = sum(len(s) for s in samples)
         return {"loss": loss_total, "grad_norm": result.grad_norm, "lr": result.lr, "skipped": result.skipped,
-                "train_seconds": seconds, "trained_tokens": batch.num_tokens,
-                "trained_tokens_per_s": batch.num_tokens / max(seconds, 1e-9),
-                "generated_tokens": int(tokens.target_ids.numel()), "rows": n_rows, **merge_metrics(metrics_rows)}
+                "train_seconds": seconds, "trained_tokens": trained,
+                "trained_tokens_per_s": trained / max(seconds, 1e-9),
+                "generated_tokens": int(tokens.target_ids.numel()), "rows": n_rows,
+                **token_counts(samples, batch), **merge_metrics(metrics_rows)}
 
     def state_dict(self) -> dict:
         return {"stepper": self.stepper.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.stepper.load_state_dict(state["stepper"])
+
+
+def token_counts(samples: Sequence[TrainingSample], batch) -> dict:
+    """`computed_tokens`: real tokens the forward ran (below `trained_tokens` by what prefix sharing saved,
+    `prefix_shared_tokens`); `prefix_tree_shared_tokens`: what sharing a prefix tree per group would save, the
+    measure of whether a deeper tree than one common prefix is worth it."""
+    trained = sum(len(s) for s in samples)
+    tree = sum(prefix_tree_tokens([samples[i].input_ids for i in group]) for group in groups_of(samples))
+    return {"computed_tokens": batch.num_tokens, "prefix_shared_tokens": trained - batch.num_tokens,
+            "prefix_tree_shared_tokens": trained - tree}
 
 
 def merge_metrics(rows: list[dict]) -> dict:

@@ -12,6 +12,11 @@ mask). The attention function is kept out of `torch.compile` (`torch.compiler.di
 then break their graph around it instead of specialising on the Python-int max lengths, which change with every
 micro-batch.
 
+A prefix-shared batch (`prefix_forward`) also passes `kv_index`: the keys and values are gathered by it before
+the kernel runs, so a query sequence (a suffix) can have keys that are not contiguous in the row (the prefix, then
+its own tokens), with `cu_seq_lens_k` counting sequences in the gathered keys. Where a sequence has more keys than
+queries, the causal mask is aligned to the end of its keys, as flash attention's varlen kernel aligns it.
+
 The kernel is a parameter so the same plumbing runs on CPU with `reference_kernel` (per-sample SDPA), which is
 how the tests check the flat layout without a GPU. Nothing CUDA-specific runs at import or registration.
 """
@@ -24,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 ATTN_IMPLEMENTATION = "agentrl_varlen"
+KV_INDEX = "agentrl_kv_index"  # the kwarg naming, for each gathered key, its position in the flat row
 
 # Implementations that read sample boundaries from the kwargs and so need the flat layout.
 _FLAT: set[str] = set()
@@ -42,7 +48,8 @@ def flash_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, caus
 
 
 def reference_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
-    """Each segment through SDPA on its own: exact, slow, any device and dtype (the CPU stand-in for flash)."""
+    """Each segment through SDPA on its own: exact, slow, any device and dtype (the CPU stand-in for flash). A
+    segment with more keys than queries is causal from the end of its keys, as in flash attention."""
     bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
     gqa = q.shape[1] != k.shape[1]
     pieces = []
@@ -50,8 +57,11 @@ def reference_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, 
         if q1 == q0:
             continue
         qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
-        o = F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout, is_causal=causal, scale=scale,
-                                           enable_gqa=gqa)
+        mask = None
+        if causal and k1 - k0 != q1 - q0:  # SDPA's is_causal would align to the start of the keys
+            mask = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=q.device).tril((k1 - k0) - (q1 - q0))
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, dropout_p=dropout,
+                                           is_causal=causal and mask is None, scale=scale, enable_gqa=gqa)
         pieces.append(o[0].transpose(0, 1))
     return torch.cat(pieces)
 
@@ -74,6 +84,9 @@ def make_attention(kernel: Kernel, name: str):
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
         cu_q, cu_k = (kwargs[k].to(device=query.device, dtype=torch.int32) for k in ("cu_seq_lens_q", "cu_seq_lens_k"))
+        if kwargs.get(KV_INDEX) is not None:  # a prefix-shared row: each query sequence's keys, gathered
+            index = kwargs[KV_INDEX].to(query.device)
+            key, value = key.index_select(2, index), value.index_select(2, index)
         # [1, H, T, D] -> [T, H, D]: the flat layout has one row
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
         out = kernel(q, k, v, cu_q, cu_k, int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), float(scaling),

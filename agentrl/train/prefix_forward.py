@@ -1,0 +1,236 @@
+"""The forward of a prefix-shared batch (`prefix_pack.SharedBatch`): a tree mask, then the lm_head on head rows.
+
+A unit's prefix attends causally to itself; each suffix attends to the whole prefix and causally to itself, never
+to a sibling suffix. How that mask reaches the attention depends on the implementation:
+- sdpa / eager (the CPU path): an explicit 4D mask `[R, 1, T, T]`, boolean for sdpa, additive for eager, which
+  transformers' masking hands to every layer unchanged (a 4D mask is taken as already prepared);
+- flex_attention (GPU): a `BlockMask` from a `mask_mod` over (segment id, branch id, position in the row), also
+  passed through as is; blocks of sibling suffixes and of other units are skipped, not masked;
+- a flat varlen implementation (`varlen_attention`, flash attention on GPU): varlen kernels take contiguous
+  key ranges, so a tree is not one sequence to them. The prefix runs as a sequence of its own and every suffix
+  as a query sequence whose keys are the prefix's followed by its own: the attention gathers those keys and
+  values (`kv_index`), and the kernel's causal mask, aligned to the end of the keys when there are more keys than
+  queries (flash attention's convention), lets suffix token j see the prefix and suffix tokens 0..j. The prefix's
+  keys are read once per suffix (the attention work of unshared packing for those queries); its projections and
+  MLPs, most of a layer, run once.
+Hybrid (linear-attention) models are not shared: their recurrent layers would need the prefix's final state fed
+into every branch (future work), so the trainer packs them unshared. Neither are models with sliding-window
+layers, whose second mask transformers would build from positions alone.
+
+The lm_head then runs on the head rows (each distinct (position, target) once) and the loss entries gather their
+logprob and entropy from them, so a shared prefix position trained for several members gets each member's
+gradient through that gather, summed, exactly as unshared packing sums it over the members' copies.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from agentrl.train.logprobs import _check_attention, _decoder, chunked_logprobs, is_hybrid, lm_head_weight
+from agentrl.train.prefix_pack import SharedBatch
+from agentrl.train.varlen_attention import KV_INDEX, takes_flat_layout
+
+TREE_MASK_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
+
+
+def prefix_sharing_unsupported(model, hybrid_varlen: bool = False) -> str | None:
+    """Why `model` must be trained on unshared packing, or None when the prefix-shared forward applies."""
+    if is_hybrid(model):
+        return "hybrid (linear-attention) layers would need the prefix's recurrent state in every branch"
+    layer_types = getattr(model.config, "layer_types", None) or ()
+    if any(t != "full_attention" for t in layer_types):
+        return f"layer types {sorted(set(layer_types))}: only full-attention layers take the tree mask"
+    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    if impl not in TREE_MASK_IMPLEMENTATIONS and not takes_flat_layout(model):
+        return f"attention implementation {impl!r} takes no tree mask"
+    return None
+
+
+def tree_mask(batch: SharedBatch) -> torch.Tensor:
+    """`[R, 1, T, T]` boolean: query t attends to key s of its segment at or before it, on the prefix or its own
+    branch."""
+    seg, branch = batch.segment_ids, batch.branch_ids
+    width = seg.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=seg.device).tril()
+    same = seg[:, :, None] == seg[:, None, :]
+    visible = (branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :])
+    return (same & visible & causal)[:, None]
+
+
+def tree_block_mask(batch: SharedBatch):
+    """The tree mask as flex_attention's block-sparse `BlockMask`."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    seg, branch = batch.segment_ids, batch.branch_ids
+
+    def mask_mod(b, h, q, k):
+        visible = (branch[b, k] == 0) | (branch[b, k] == branch[b, q])
+        return (seg[b, q] == seg[b, k]) & visible & (k <= q)
+
+    n_rows, width = seg.shape
+    return create_block_mask(mask_mod, B=n_rows, H=None, Q_LEN=width, KV_LEN=width, device=seg.device,
+                             _compile=seg.device.type == "cuda")
+
+
+@dataclass
+class TreeFlatLayout:
+    """A shared batch's real tokens laid end to end as one row `[1, length]`, as query and key sequences."""
+
+    index: torch.Tensor  # [N] positions in the flattened [R * T] batch, ascending
+    cu_q: torch.Tensor  # int32: query sequences (each prefix, each suffix, the tail) in the flat row
+    cu_k: torch.Tensor  # int32: their key sequences in the gathered keys
+    kv_index: torch.Tensor  # [K] flat-row position of every gathered key
+    head_rows: torch.Tensor  # [H] flat-row position of every head row
+    max_q: int
+    max_k: int
+    length: int  # N rounded up to the pad multiple
+
+
+def tree_flat_layout(batch: SharedBatch, pad_multiple: int = 1) -> TreeFlatLayout:
+    """Built on the host from the batch's units and head rows; crosses to the device in one copy."""
+    if pad_multiple < 1:
+        raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+    width = batch.input_ids.shape[1]
+    q_lens, kv_spans = [], []  # per query sequence: its length and its key spans (flat start, length)
+    base = 0
+    for units, fill in zip(batch.units, batch.row_tokens):
+        for unit in units:
+            prefix = (base + unit.start, unit.prefix_len)
+            if unit.prefix_len:
+                q_lens.append(unit.prefix_len)
+                kv_spans.append([prefix])
+            for offset, n in unit.suffixes():
+                if n:
+                    q_lens.append(n)
+                    kv_spans.append([prefix, (base + offset, n)] if unit.prefix_len else [(base + offset, n)])
+        base += fill
+    real = base
+    length = -(-real // pad_multiple) * pad_multiple
+    if length > real:  # the tail: a sequence of its own, so no real token attends to it
+        q_lens.append(length - real)
+        kv_spans.append([(real, length - real)])
+    k_lens = [sum(n for _, n in spans) for spans in kv_spans]
+    index = torch.cat([r * width + torch.arange(fill) for r, fill in enumerate(batch.row_tokens)])
+    kv_index = torch.cat([torch.arange(s, s + n) for spans in kv_spans for s, n in spans])
+    flat_of = torch.full((batch.input_ids.numel(),), -1, dtype=torch.long)
+    flat_of[index] = torch.arange(real)
+    head_rows = flat_of[batch.head_index.cpu()]
+    parts = [index, torch.tensor([0, *itertools.accumulate(q_lens)]), torch.tensor([0, *itertools.accumulate(k_lens)]),
+             kv_index, head_rows]
+    host = torch.cat(parts)
+    device = batch.input_ids.device
+    if device.type == "cuda":
+        host = host.pin_memory()
+    moved = host.to(device, non_blocking=True).split([p.numel() for p in parts])
+    return TreeFlatLayout(index=moved[0], cu_q=moved[1].int(), cu_k=moved[2].int(), kv_index=moved[3],
+                          head_rows=moved[4], max_q=max(q_lens), max_k=max(k_lens), length=length)
+
+
+def shared_head_hidden(model, batch: SharedBatch, pad_multiple: int = 1) -> torch.Tensor:
+    """Final hidden states `[H, hidden]` of the batch's head rows, in `head_index` order."""
+    _check_attention(model)
+    reason = prefix_sharing_unsupported(model)
+    if reason is not None:
+        raise ValueError(f"this model cannot run a prefix-shared batch: {reason}; pack it with pack_samples")
+    decoder = _decoder(model)
+    if takes_flat_layout(model):
+        layout = tree_flat_layout(batch, pad_multiple)
+        ids = batch.input_ids.reshape(-1)[layout.index]
+        pos = batch.position_ids.reshape(-1)[layout.index]
+        pad = layout.length - ids.shape[0]
+        if pad:
+            ids = torch.cat([ids, ids.new_zeros(pad)])
+            pos = torch.cat([pos, torch.arange(pad, device=pos.device)])
+        out = decoder(input_ids=ids[None], position_ids=pos[None], use_cache=False,
+                      cu_seq_lens_q=layout.cu_q, cu_seq_lens_k=layout.cu_k, max_length_q=layout.max_q,
+                      max_length_k=layout.max_k, **{KV_INDEX: layout.kv_index})
+        return out.last_hidden_state[0][layout.head_rows]
+    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    if impl == "flex_attention":
+        mask = tree_block_mask(batch)
+    else:
+        mask = tree_mask(batch)
+        if impl == "eager":  # eager adds its mask to the scores
+            dtype = next(model.parameters()).dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    out = decoder(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask, use_cache=False)
+    hidden = out.last_hidden_state
+    return hidden.reshape(-1, hidden.shape[-1])[batch.head_index.to(hidden.device)]
+
+
+def shared_token_logprobs(model, batch: SharedBatch, *, temperature: float = 1.0, chunk_size: int = 1024,
+                          compile: bool | None = None, pad_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob and entropy `[M]` of every loss entry of `batch`, in `batch.trainable_tokens()` order: the lm_head
+    runs once per head row, and the entries gather from it."""
+    hidden = shared_head_hidden(model, batch, pad_multiple)
+    targets = batch.head_targets.to(hidden.device)
+    logprobs, entropy = chunked_logprobs(hidden, lm_head_weight(model), targets, temperature=temperature,
+                                         chunk_size=chunk_size, compile=compile)
+    entries = batch.entry_head.to(hidden.device)
+    return logprobs[entries], entropy[entries]
+
+
+def prefix_sharing_error(model, *, seed: int = 0) -> float:
+    """Largest relative difference, per sample, between a synthetic group's hidden states computed prefix-shared
+    and packed unshared, on the real model and attention implementation.
+
+    A kernel that reads the tree wrongly (a causal mask aligned to the start of the keys rather than their end)
+    shows up as an O(1) difference; rounding in bf16 stays two orders below that. Members diverge at different
+    depths, one equals the prefix, and a sample of another group shares the row."""
+    from agentrl.sample import TrainingSample
+    from agentrl.train.logprobs import packed_hidden_states
+    from agentrl.train.pack import pack_samples
+    from agentrl.train.prefix_pack import pack_shared
+
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+
+    def ids(n):
+        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+    prompt = ids(23)
+    histories = [prompt + ids(9), prompt + ids(4), prompt[:], prompt + ids(1), ids(6)]
+    samples = [TrainingSample(h, [0] * len(h), [0.0] * len(h), [-1] * len(h), group_id=0 if k < 4 else 1)
+               for k, h in enumerate(histories)]
+    capacity = sum(len(h) for h in histories)
+    shared = pack_shared(samples, capacity).to(model.device)
+    unshared = pack_samples(samples, capacity).to(model.device)
+    shared_loc, unshared_loc = token_locations(shared, samples), token_locations(unshared, samples)
+    with torch.no_grad():
+        reference = packed_hidden_states(model, unshared).reshape(-1, model.config.hidden_size)
+        got = _all_hidden(model, shared)
+    worst = 0.0
+    for i in range(len(samples)):
+        want, have = reference[unshared_loc[i]].float(), got[shared_loc[i]].float()
+        worst = max(worst, float((have - want).abs().mean() / want.abs().mean().clamp(min=1e-12)))
+    return worst
+
+
+def _all_hidden(model, batch: SharedBatch) -> torch.Tensor:
+    """Hidden states `[R * T, hidden]` of every position of a shared batch (for checks: every real position made a
+    head row)."""
+    everything = torch.arange(batch.input_ids.numel(), device=batch.input_ids.device)
+    probe = SharedBatch(**{**batch.__dict__, "head_index": everything,
+                           "head_targets": torch.zeros_like(everything)})
+    return shared_head_hidden(model, probe)
+
+
+def token_locations(batch, samples) -> list[torch.Tensor]:
+    """For each sample, the position in the flattened `[R * T]` batch where each of its tokens is computed, for a
+    `SharedBatch` or an unshared `PackedBatch` alike."""
+    width = batch.input_ids.shape[1]
+    out: list[torch.Tensor | None] = [None] * len(samples)
+    if isinstance(batch, SharedBatch):
+        for r, units in enumerate(batch.units):
+            for unit in units:
+                prefix = r * width + unit.start + torch.arange(unit.prefix_len)
+                for i, (offset, n) in zip(unit.members, unit.suffixes()):
+                    out[i] = torch.cat([prefix, r * width + offset + torch.arange(n)])
+    else:
+        for r, segs in enumerate(batch.segments):
+            for i, start, n in segs:
+                out[i] = r * width + start + torch.arange(n)
+    return out
