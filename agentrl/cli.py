@@ -74,7 +74,9 @@ def parse_eval(argv: list[str], base: dict | None = None):
     from agentrl.run.config import EvalConfig
 
     p = argparse.ArgumentParser(prog="agentrl eval", description="Evaluate a model's tool use and answers offline.",
-                                epilog="Any config key can be set as --section.key=value (e.g. --engine.page_size=32).")
+                                epilog="Any config key can be set as --section.key=value (e.g. --engine.page_size=32). "
+                                       "`agentrl eval --compare BEFORE.jsonl AFTER.jsonl [--json]` compares two --out "
+                                       "files instead (paired bootstrap over questions; no model).")
     p.add_argument("env", help="environment: a name (hotpotqa_search, gsm8k_math, or one `agentrl envs` lists), "
                                "module:Class, or path/to/file.py:Class")
     p.add_argument("--model", default=None, help="hub id, local dir, or smollm2-135m-instruct (embedded, default)")
@@ -148,6 +150,8 @@ def _train(argv: list[str]) -> int:
 
 
 def _eval(argv: list[str]) -> int:
+    if "--compare" in argv:
+        return _eval_compare(argv)
     from agentrl.config import ConfigError
     from agentrl.run.preflight import check_inputs, one_line, parse_one_line
 
@@ -171,6 +175,27 @@ def _eval(argv: list[str]) -> int:
         kept = f"; the finished rollouts are in {cfg.out}" if cfg.out else ""
         print(f"\nagentrl eval: interrupted{kept}", file=sys.stderr)
         return 130
+    return 0
+
+
+def _eval_compare(argv: list[str]) -> int:
+    """`agentrl eval --compare BEFORE AFTER`: two result files, no model (nothing here imports torch)."""
+    p = argparse.ArgumentParser(prog="agentrl eval --compare",
+                                description="Compare two `agentrl eval --out` files metric by metric: means, their "
+                                            "difference and 95%% intervals from a paired bootstrap over questions.")
+    p.add_argument("--compare", nargs=2, required=True, metavar=("BEFORE", "AFTER"), help="two results JSONL files")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    a = p.parse_args(argv)
+    from agentrl.run.compare import CompareError, compare, format_table
+
+    try:
+        result = compare(*a.compare, resamples=a.resamples, seed=a.seed)
+    except CompareError as exc:
+        print(f"agentrl eval: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if a.json else format_table(result))
     return 0
 
 
@@ -235,6 +260,7 @@ USAGE = """usage: agentrl {train,eval,view,plot,replay,envs} ...
 
   train ENV --model M [--config file.yaml] [--key=value ...]   GRPO training with tools
   eval ENV --model M [--data PATH] [--limit N] [--out F.jsonl] offline evaluation
+  eval --compare BEFORE.jsonl AFTER.jsonl [--json]            two evaluations' metrics, paired bootstrap intervals
   view RESULTS.jsonl [--out F.html]                           trajectories as one HTML page
   plot RUN_DIR                                                PNG curves of a training run
   replay RUN_DIR --sample ID                                  regenerate a logged rollout, diff it token by token
