@@ -11,11 +11,18 @@ sample) on a Qwen3-0.6B-shaped bf16 model:
 When a variant uses varlen attention, the run first prints the largest |logprob| difference between the varlen
 and flex paths on the batch (no gradients), a correctness check riding in the same GPU run.
 
+`--shape hotpotqa` makes rollout groups instead: 8 members sharing a 1.1k-token prompt, ~1.5k tokens each (a
+tool result untrained in every member's part), the shape of hotpotqa_search. `+share` packs them prefix-shared
+(`agentrl.train.prefix_pack`: each group's prompt computed once); tok/s counts the samples' tokens either way, so
+`nockpt+varlen@1` vs `nockpt+varlen+share@1` is the step time before and after prefix sharing, and MFU counts
+the FLOPs actually computed.
+
 MFU counts 6 x (non-embedding params + vocab x hidden) per token plus causal attention (12 x layers x q_dim x
 mean context), over 790 TFLOP/s (the H200's measured bf16 dense peak, docs/anchors.md).
 
 usage: python benchmarks/train_step.py [--tokens 25000] [--steps 3] [--variants ckpt,nockpt+compile+varlen@1] [--profile]
-       variants: ckpt|nockpt[+compile[+mem<fraction>]][+varlen][@rows per micro-batch]
+                                     [--shape random|hotpotqa]
+       variants: ckpt|nockpt[+compile[+mem<fraction>]][+varlen][+share][@rows per micro-batch]
 """
 
 from __future__ import annotations
@@ -48,15 +55,41 @@ def make_samples(total_tokens: int, vocab: int, seed: int = 0):
     return samples
 
 
+def make_group_samples(total_tokens: int, vocab: int, seed: int = 0, members: int = 8, prompt_tokens: int = 1100,
+                       sample_tokens: int = 1500):
+    """hotpotqa_search-shaped groups: `members` rollouts of one prompt, each ~`sample_tokens` long: the prompt,
+    a generated turn, an untrained tool result, a generated answer."""
+    from agentrl.sample import TrainingSample
+
+    rng = random.Random(seed)
+    samples, used, group = [], 0, 0
+    while used + members * sample_tokens <= total_tokens or not samples:
+        prompt = [rng.randrange(vocab) for _ in range(prompt_tokens)]
+        for _ in range(members):
+            n = rng.randint(sample_tokens - 200, sample_tokens + 200) - prompt_tokens
+            tool = n // 3
+            tail = [rng.randrange(vocab) for _ in range(n)]
+            trainable = [0] * prompt_tokens + [1] * tool + [0] * tool + [1] * (n - 2 * tool)
+            samples.append(TrainingSample(prompt + tail, trainable, [-1.0 if t else 0.0 for t in trainable],
+                                          [0 if t else -1 for t in trainable], advantage=rng.choice([-1.0, 1.0]),
+                                          group_id=group))
+            used += prompt_tokens + n
+        group += 1
+    return samples
+
+
 def flops_per_step(model, batch) -> float:
     c = model.config
     params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
     if c.tie_word_embeddings:
         params += c.vocab_size * c.hidden_size  # the tied head still does its GEMM
-    lengths = [n for row in batch.segments for _, _, n in row]
-    tokens = sum(lengths)
-    attention = 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * sum(n * n / 2 for n in lengths)
-    return 6 * params * tokens + attention
+    if hasattr(batch, "units"):  # prefix-shared: the prefix once, each suffix attending to it and to itself
+        pairs = sum(u.prefix_len ** 2 / 2 + sum(u.prefix_len * n + n * n / 2 for n in u.suffix_lens)
+                    for row in batch.units for u in row)
+    else:
+        pairs = sum(n * n / 2 for row in batch.segments for _, _, n in row)
+    attention = 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * pairs
+    return 6 * params * batch.num_tokens + attention
 
 
 PAD_MULTIPLE = 128  # the trainer's row_pad_multiple, which also rounds the flat layout's length
@@ -68,6 +101,7 @@ def step_agentrl(model, batch, cfg, rows_per_micro_batch=None, host_batch=None):
     normalised over the whole batch, metrics brought to the host once after the last backward."""
     from agentrl.train.logprobs import packed_token_logprobs
     from agentrl.train.loss import loss_denominator, policy_loss
+    from agentrl.train.prefix_forward import shared_token_logprobs
 
     host_batch = host_batch if host_batch is not None else batch
     n_rows = host_batch.shape[0]
@@ -77,7 +111,8 @@ def step_agentrl(model, batch, cfg, rows_per_micro_batch=None, host_batch=None):
     for first in range(0, n_rows, per):
         host_micro = host_batch.select_rows(first, min(first + per, n_rows))
         micro, tokens = host_micro.to("cuda"), host_micro.trainable_tokens().to("cuda")
-        logprobs, entropy = packed_token_logprobs(model, micro, chunk_size=1024, pad_multiple=PAD_MULTIPLE)
+        forward = shared_token_logprobs if hasattr(micro, "units") else packed_token_logprobs
+        logprobs, entropy = forward(model, micro, chunk_size=1024, pad_multiple=PAD_MULTIPLE)
         loss, metrics = policy_loss(logprobs, tokens, cfg, current_version=0, entropy=entropy,
                                     denominator=denominator, defer_metrics=True)
         loss.backward()
@@ -99,7 +134,7 @@ def step_full_logits(model, batch, cfg):
     return loss
 
 
-def measure(name, fn, model, batch, cfg, steps, profile=False):
+def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=None):
     model.zero_grad(set_to_none=True)
     torch.cuda.empty_cache()
     try:
@@ -124,7 +159,8 @@ def measure(name, fn, model, batch, cfg, steps, profile=False):
         return {"name": name, "error": f"{type(exc).__name__}: {exc}"[:200]}
     peak = torch.cuda.max_memory_allocated() / 2**30
     flops = flops_per_step(model, batch)
-    return {"name": name, "seconds": seconds, "tok_s": batch.num_tokens / seconds,
+    trained_tokens = trained_tokens or batch.num_tokens
+    return {"name": name, "seconds": seconds, "tok_s": trained_tokens / seconds,
             "mfu": flops / seconds / PEAK_FLOPS, "peak_gib": peak}
 
 
@@ -151,9 +187,9 @@ def parse_variant(variant: str) -> tuple[str, int | None]:
     parts = kind.split("+")
     budgets = [p for p in parts[1:] if p.startswith("mem")]
     bad_budget = any(not _is_fraction(p[3:]) for p in budgets) or (budgets and "compile" not in parts)
-    if (parts[0] not in ("ckpt", "nockpt") or set(parts[1:]) - {"compile", "varlen", *budgets} or bad_budget
-            or (micro and not micro.isdigit())):
-        raise SystemExit(f"variant {variant!r}: expected ckpt|nockpt[+compile[+mem<fraction>]][+varlen][@rows]")
+    if (parts[0] not in ("ckpt", "nockpt") or set(parts[1:]) - {"compile", "varlen", "share", *budgets}
+            or bad_budget or (micro and not micro.isdigit())):
+        raise SystemExit(f"variant {variant!r}: expected ckpt|nockpt[+compile[+mem<fraction>]][+varlen][+share][@rows]")
     return kind, int(micro) if micro else None
 
 
@@ -168,7 +204,7 @@ def set_variant(model, variant: str):
     """`ckpt` (full activation checkpointing) or `nockpt`; `+compile` compiles every decoder layer as the trainer
     does; `+mem<f>` gives the compiled layers' forward/backward split an activation memory budget `f` (its
     partitioner then recomputes the cheapest activations in the backward instead of saving them); `+varlen` swaps
-    flex_attention for flash varlen attention over the flat layout."""
+    flex_attention for flash varlen attention over the flat layout; `+share` is a packing choice (see main)."""
     from agentrl.engine.model_view import compile_decoder_layers
     from agentrl.train.varlen_attention import register
 
@@ -219,6 +255,8 @@ def main():
                          "ckpt,nockpt@1,nockpt+compile@1,nockpt+compile+varlen@1")
     ap.add_argument("--profile", action="store_true", help="print the kernel table of each variant")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--shape", choices=("random", "hotpotqa"), default="random",
+                    help="random: samples of 200-2000 tokens; hotpotqa: groups of 8 sharing a 1.1k-token prompt")
     args = ap.parse_args()
     variants = [(v, *parse_variant(v)) for v in args.variants.split(",")]
 
@@ -226,12 +264,15 @@ def main():
 
     from agentrl.train.config import LossConfig
     from agentrl.train.pack import pack_samples
+    from agentrl.train.prefix_pack import pack_shared
 
     model = qwen3_shaped()
     model.set_attn_implementation("flex_attention")
     model.train()
-    samples = make_samples(args.tokens, model.config.vocab_size)
+    make = make_group_samples if args.shape == "hotpotqa" else make_samples
+    samples = make(args.tokens, model.config.vocab_size)
     host_batch = pack_samples(samples, args.row_tokens, pad_to_multiple=128)
+    shared_batch = pack_shared(samples, args.row_tokens, pad_to_multiple=128)
     batch = host_batch.to("cuda")
     cfg = LossConfig()
     rows = []
@@ -244,9 +285,14 @@ def main():
         print(check, flush=True)  # now as well as in the summary, in case a later variant takes the process down
     for variant, kind, micro in variants:
         set_variant(model, kind)
-        fn = functools.partial(step_agentrl, rows_per_micro_batch=micro, host_batch=host_batch)
-        rows.append(measure(f"agentrl {variant}", fn, model, batch, cfg, args.steps, args.profile))
+        chosen = shared_batch if "share" in kind.split("+") else host_batch
+        fn = functools.partial(step_agentrl, rows_per_micro_batch=micro, host_batch=chosen)
+        rows.append(measure(f"agentrl {variant}", fn, model, chosen, cfg, args.steps, args.profile,
+                            trained_tokens=host_batch.num_tokens))
     print(f"{len(samples)} samples, {batch.num_tokens} tokens in {batch.shape[0]} rows of {batch.shape[1]}")
+    if any("share" in kind.split("+") for _, kind, _ in variants):
+        print(f"prefix-shared: {shared_batch.num_tokens} tokens computed in {shared_batch.shape[0]} rows of "
+              f"{shared_batch.shape[1]}")
     if check:
         print(check)
     width = max([36] + [len(r["name"]) + 1 for r in rows])

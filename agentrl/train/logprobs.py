@@ -19,6 +19,8 @@ the torch fallbacks of those layers know nothing of sample seams. Unless the cal
 as a right-padded batch of their own and scattered back into the packed layout: right padding sits after every
 real token, so a causal model computes the real positions exactly, and no state crosses a sample.
 
+A prefix-shared batch (`prefix_pack.SharedBatch`) runs through `prefix_forward` instead, with a tree mask.
+
 Chunked lm_head. Full logits for 25k packed tokens at a 152k vocabulary are 15 GiB in fp32; only trainable
 positions need them, and only a chunk at a time. GEMMs run in the model dtype (tensor cores), softmax statistics
 and gradient accumulation in fp32; the backward recomputes each chunk's logits instead of storing them.

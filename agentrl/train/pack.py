@@ -10,6 +10,9 @@ Shift convention: every "target-side" tensor is indexed by the position whose ou
 last position of each sample predicts nothing (mask 0, target 0), so the shifted loss never reads across a
 seam: a sample's first token is never the target of the previous sample's last position.
 
+Rollout groups whose members share a prompt are packed by `prefix_pack` instead where the model allows it (the
+trainer's default for dense models): each group's common prefix once, its members' suffixes after it.
+
 A sample longer than `row_tokens` raises: giving it a row of its own would make the widest row, and with it the
 step's memory peak, depend on which rollouts happened to finish, which is exactly the run-to-run OOM that a fixed
 capacity is there to prevent. The config checks `row_tokens >= max_sample_tokens` up front.

@@ -36,7 +36,7 @@ from agentrl.train.varlen_attention import KV_INDEX, takes_flat_layout
 TREE_MASK_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 
 
-def prefix_sharing_unsupported(model, hybrid_varlen: bool = False) -> str | None:
+def prefix_sharing_unsupported(model) -> str | None:
     """Why `model` must be trained on unshared packing, or None when the prefix-shared forward applies."""
     if is_hybrid(model):
         return "hybrid (linear-attention) layers would need the prefix's recurrent state in every branch"
@@ -199,9 +199,14 @@ def prefix_sharing_error(model, *, seed: int = 0) -> float:
     shared = pack_shared(samples, capacity).to(model.device)
     unshared = pack_samples(samples, capacity).to(model.device)
     shared_loc, unshared_loc = token_locations(shared, samples), token_locations(unshared, samples)
-    with torch.no_grad():
-        reference = packed_hidden_states(model, unshared).reshape(-1, model.config.hidden_size)
-        got = _all_hidden(model, shared)
+    training = model.training
+    model.eval()  # dropout, were there any, would differ between the two forwards
+    try:
+        with torch.no_grad():
+            reference = packed_hidden_states(model, unshared).reshape(-1, model.config.hidden_size)
+            got = _all_hidden(model, shared)
+    finally:
+        model.train(training)
     worst = 0.0
     for i in range(len(samples)):
         want, have = reference[unshared_loc[i]].float(), got[shared_loc[i]].float()

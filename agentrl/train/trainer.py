@@ -40,7 +40,7 @@ class Trainer:
         self.stepper = Stepper(model, self.optimizer, self.scheduler, optim)
         # Prefix sharing where the forward supports it; checked once against unshared packing on the real
         # attention kernel before the first step relies on it.
-        self.share_prefix = config.share_prefix and prefix_sharing_unsupported(model, hybrid_varlen) is None
+        self.share_prefix = config.share_prefix and prefix_sharing_unsupported(model) is None
         self._tree_checked = False
 
     def pack(self, samples: Sequence[TrainingSample]):

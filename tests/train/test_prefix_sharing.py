@@ -293,6 +293,20 @@ def test_trainer_shares_by_default_and_steps_to_the_same_parameters():
         torch.testing.assert_close(params[0][name], want, atol=1e-5, rtol=1e-5, msg=name)
 
 
+def test_a_row_without_trained_tokens_steps_like_unshared_packing():
+    samples = _groups()
+    untrained = [_sample(s.input_ids, [0] * len(s), 0.0, "context") for s in samples if s.group_id == 2]
+    mixed = samples[:4] + untrained  # one row holds only the untrained group
+    params = []
+    for share in (True, False):
+        model = _model()
+        trainer = Trainer(model, TrainerConfig(row_tokens=32, share_prefix=share), LossConfig(),
+                          OptimConfig(lr=1e-3), total_steps=2)
+        trainer.step(mixed, policy_version=3)
+        params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    torch.testing.assert_close(params[0], params[1], atol=1e-5, rtol=1e-5)
+
+
 def test_trainer_config_defaults_to_sharing():
     assert TrainerConfig().share_prefix is True
 
@@ -330,3 +344,56 @@ def test_a_kernel_that_misreads_the_tree_is_caught_and_the_trainer_falls_back():
         metrics = trainer.step(_groups(model.config.vocab_size), policy_version=3)
     assert any("unshared packing" in str(w.message) for w in caught)
     assert trainer.share_prefix is False and metrics["prefix_shared_tokens"] == 0
+
+
+# ----------------------------------------------------------------------------------------------------- CUDA
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _cuda_model(impl, dtype=torch.float32):
+    model, _ = load_model("tiny-qwen3", dtype=dtype, device="cuda")
+    model.set_attn_implementation(impl)
+    return model
+
+
+def _cuda_step(model, batch, pad_multiple=16):
+    cfg = LossConfig()
+    forward = _shared_forward(pad_multiple) if hasattr(batch, "units") else (
+        lambda m, micro: packed_token_logprobs(m, micro, chunk_size=16, pad_multiple=pad_multiple))
+    loss, grads, lp = _step_gradients(model, batch.to("cuda"), cfg, forward)
+    return loss, torch.cat([g.float().reshape(-1) for g in grads.values()]), lp.float()
+
+
+def _by_key(batch, samples, lp):
+    if hasattr(batch, "units"):
+        keys = zip(batch.tokens.sample_index.tolist(), batch.entry_token.tolist())
+    else:
+        keys = _unshared_keys(batch, samples)
+    got = dict(zip(keys, lp.tolist()))
+    return torch.tensor([got[k] for k in sorted(got)])
+
+
+@pytest.mark.gpu
+@cuda
+def test_cuda_tree_mask_paths_equal_unshared_packing():
+    """fp32: sdpa's 4D mask and flex_attention's BlockMask (forward and backward) against unshared rows. bf16: flex
+    and flash varlen (gathered prefix keys) no further from the fp32 reference than unshared bf16 packing is."""
+    samples = _groups()
+    shared, unshared = pack_shared(samples, 64, pad_to_multiple=16), pack_samples(samples, 64, pad_to_multiple=16)
+    ref_loss, ref_grad, ref_lp = _cuda_step(_cuda_model("sdpa"), unshared)
+    ref = _by_key(unshared, samples, ref_lp)
+    for impl in ("sdpa", "flex_attention"):
+        loss, grad, lp = _cuda_step(_cuda_model(impl), shared)
+        torch.testing.assert_close(_by_key(shared, samples, lp), ref, atol=1e-4, rtol=1e-5, msg=impl)
+        assert abs(loss - ref_loss) < 1e-4 and float((grad - ref_grad).norm() / ref_grad.norm()) < 1e-4, impl
+    for impl in ("flex_attention", va.register()):
+        model = _cuda_model(impl, torch.bfloat16)
+        assert prefix_sharing_error(model) < 0.05, impl
+        errors = []
+        for batch in (unshared, shared):
+            _, grad, lp = _cuda_step(model, batch)
+            errors.append((float((_by_key(batch, samples, lp) - ref).abs().max()),
+                           float((grad - ref_grad).norm() / ref_grad.norm())))
+        for i in range(2):
+            assert errors[1][i] <= 2 * errors[0][i] + 1e-3, (impl, errors)
