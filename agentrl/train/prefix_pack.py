@@ -146,11 +146,25 @@ def longest_common_prefix(sequences: Sequence[Sequence[int]]) -> int:
         return 0
     first, n = sequences[0], min(len(s) for s in sequences)
     for other in sequences[1:]:
-        k = 0
-        while k < n and other[k] == first[k]:
-            k += 1
-        n = k
+        n = _common(first, other, n)
     return n
+
+
+def _common(a: Sequence[int], b: Sequence[int], n: int) -> int:
+    """Longest common prefix of `a` and `b`, at most `n`: a bisection over slice comparisons, which run in C
+    (a token-by-token loop in Python costs more than the packing itself on long prompts)."""
+    a, b = list(a), list(b)
+    n = min(n, len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def prefix_tree_tokens(sequences: Sequence[Sequence[int]]) -> int:
@@ -176,8 +190,8 @@ def groups_of(samples: Sequence[TrainingSample]) -> list[list[int]]:
     return out
 
 
-def _unit(samples: Sequence[TrainingSample], members: list[int]) -> Unit:
-    shared = longest_common_prefix([samples[i].input_ids for i in members]) if len(members) > 1 else 0
+def _unit(samples: Sequence[TrainingSample], members: list[int], shared: int) -> Unit:
+    shared = shared if len(members) > 1 else 0
     return Unit(tuple(members), shared, tuple(len(samples[i]) - shared for i in members))
 
 
@@ -188,15 +202,21 @@ def plan_units(samples: Sequence[TrainingSample], row_tokens: int) -> list[Unit]
     units: list[Unit] = []
     for members in groups_of(samples):
         run: list[int] = []
+        shared = 0  # the run's common prefix: adding a member can only shorten it
         for i in members:
             if len(samples[i]) > row_tokens:  # refused with the same message as unshared packing
                 first_fit_decreasing([len(samples[i])], row_tokens)
-            if run and _unit(samples, run + [i]).length > row_tokens:
-                units.extend(_split_if_unshared(samples, _unit(samples, run)))
-                run = []
-            run.append(i)
+            if run:
+                bound = shared if len(run) > 1 else len(samples[run[0]])
+                joined = _common(samples[run[0]].input_ids, samples[i].input_ids, bound)
+                if _unit(samples, run + [i], joined).length <= row_tokens:
+                    run.append(i)
+                    shared = joined
+                    continue
+                units.extend(_split_if_unshared(samples, _unit(samples, run, shared)))
+            run, shared = [i], 0
         if run:
-            units.extend(_split_if_unshared(samples, _unit(samples, run)))
+            units.extend(_split_if_unshared(samples, _unit(samples, run, shared)))
     return units
 
 
