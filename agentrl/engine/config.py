@@ -40,6 +40,10 @@ class EngineConfig:
     `compile`: torch.compile the view's decoder layers (None: on CUDA for models without linear-attention
     layers; never on a tensor-parallel model); the training model is untouched. Costs a compile at the first steps.
     On a tensor-parallel model every tp rank must use the same config (checked when the engine is built).
+    `state_snapshots` (hybrid models, with the prefix cache): how many linear-attention state snapshots the
+    prefix cache keeps as resume points (see `agentrl.engine.state_snapshots`); None: `max_num_seqs`, as many as
+    a quarter of the pool's budget holds. They are paid for out of the pool's budget (fewer pages), unless
+    `num_pages` is given. 0 turns the prefix cache off for hybrid models.
     `max_model_len`, `eos_token_ids` and `seed`: in a run these follow from the rollout's `max_sample_tokens`,
     the chat format and the run's seed when left unset.
     """
@@ -61,29 +65,38 @@ class EngineConfig:
     mixed_step_graphs: bool = True
     overlap: bool = True
     compile: bool | None = None
+    state_snapshots: int | None = None
 
     def __post_init__(self):
         check_types(self, "engine")
         for name in ("page_size", "max_num_seqs", "max_tokens_per_step", "cpu_kv_memory_bytes"):
             require(getattr(self, name) >= 1, f"engine.{name}", "must be >= 1")
+        require(self.state_snapshots is None or self.state_snapshots >= 0, "engine.state_snapshots", "must be >= 0")
         for name in ("num_pages", "kv_memory_bytes", "max_model_len"):
             require(getattr(self, name) is None or getattr(self, name) >= 1, f"engine.{name}", "must be >= 1")
         require(0 < self.gpu_memory_fraction <= 1, "engine.gpu_memory_fraction", "must be in (0, 1]")
 
-    def resolve_num_pages(self, bytes_per_page: int, free_device_bytes: int | None) -> int:
-        """Pages in the pool; `free_device_bytes` is the accelerator's free memory (None on CPU)."""
+    def resolve_num_pages(self, bytes_per_page: int, free_device_bytes: int | None,
+                          bytes_per_snapshot: int = 0) -> tuple[int, int]:
+        """(pages in the pool, state snapshots); `free_device_bytes` is the accelerator's free memory (None on
+        CPU), `bytes_per_snapshot` what one linear-attention state snapshot weighs (0: the model has none)."""
+        budget = self.kv_memory_bytes
+        if budget is None:
+            budget = (int(free_device_bytes * self.gpu_memory_fraction) if free_device_bytes is not None
+                      else self.cpu_kv_memory_bytes)
+        snapshots = 0
+        if bytes_per_snapshot:
+            snapshots = self.state_snapshots
+            if snapshots is None:
+                snapshots = min(self.max_num_seqs, budget // 4 // bytes_per_snapshot)
         if self.num_pages is not None:
-            return self.num_pages
-        if self.kv_memory_bytes is not None:
-            budget = self.kv_memory_bytes
-        elif free_device_bytes is not None:
-            budget = int(free_device_bytes * self.gpu_memory_fraction)
-        else:
-            budget = self.cpu_kv_memory_bytes
+            return self.num_pages, snapshots
+        budget -= snapshots * bytes_per_snapshot
         pages = budget // max(bytes_per_page, 1)
         if pages < 1:
-            raise ValueError(f"a KV budget of {budget} bytes holds no page of {bytes_per_page} bytes")
-        return pages
+            raise ValueError(f"a KV budget of {budget} bytes (after {snapshots} state snapshots) holds no page of "
+                             f"{bytes_per_page} bytes")
+        return pages, snapshots
 
 
 def resolve_eos_ids(config: EngineConfig, model, tokenizer=None) -> tuple[int, ...]:

@@ -4,8 +4,16 @@ bucket.
 
 What a decode graph holds: the model view's whole forward over a padded decode batch of `bucket` rows, lm_head
 included (logits `[bucket, vocab]`). Sampling runs after the replay, eagerly, on the first `n` rows: it is
-a few batched ops whose knobs (which truncations run) vary per step. Steps larger than the largest bucket,
-and every step of a hybrid model (its recurrent-state slots are planned on the host), run eagerly.
+a few batched ops whose knobs (which truncations run) vary per step. Steps larger than the largest bucket run
+eagerly, and so do a hybrid model's steps that prefill (a chunk's delta rule runs per sequence, planned on the
+host).
+
+Hybrid models (Qwen3.5): a decode step's linear-attention layers run the conv and the single-token delta rule
+over the batch of their state slots, gathered and scattered by a slot index (`linear_state.py`), so the graph
+captures them like any other op: the slot of each row is one more static buffer, written before a replay, and
+padding rows hold the scratch slot (they read and write nothing of a sequence's). The state tensors are
+reallocated by a restore after `release_kv()`, so their addresses are part of what a graph was captured
+against. Snapshots the step takes at page boundaries are copied out after the replay, eagerly.
 
 Static inputs: one set of buffers sized for the largest bucket, shared by every graph (graphs never run
 concurrently): input ids, positions, slot mapping, context lengths, block tables `[max bucket, pages of
@@ -52,6 +60,7 @@ from torch import nn
 
 from agentrl.engine.attention import AttentionBackend, PagedStep, stepping
 from agentrl.engine.kv_storage import KVStorage
+from agentrl.engine.linear_state import LinearStates
 from agentrl.engine.model_view import Geometry
 from agentrl.engine.step_layout import StepMetadata, fill_placeholders, layout_step, tile_table, upload
 
@@ -60,7 +69,7 @@ from agentrl.engine.step_layout import StepMetadata, fill_placeholders, layout_s
 class ForwardParts:
     """What a captured step runs on, handed over by the engine: the model view, the attention backend, the KV
     storage and each attention layer's index in it, the model's geometry, and the bounds the static buffers are
-    sized for (`max_model_len` in pages of `page_size`)."""
+    sized for (`max_model_len` in pages of `page_size`), and a hybrid model's linear-attention state slots."""
 
     view: nn.Module
     backend: AttentionBackend
@@ -70,6 +79,7 @@ class ForwardParts:
     page_size: int
     device: torch.device
     max_model_len: int
+    linear: LinearStates | None = None
 
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -119,6 +129,7 @@ class _GraphSet:
         self.view, self.backend, self.storage = parts.view, parts.backend, parts.storage
         self.layer_slot, self.geometry = parts.layer_slot, parts.geometry
         self.page_size, self.device, self.max_model_len = parts.page_size, parts.device, parts.max_model_len
+        self.linear = parts.linear
         self._capture_fn = capture or cuda_capture
         self._tensors = list(self.view.parameters()) + list(self.view.buffers())
         self._graphs: dict[int, object] = {}  # bucket -> replay
@@ -139,7 +150,8 @@ class _GraphSet:
     def _check_binding(self) -> None:
         """Graphs hold the addresses of the KV pool and of every parameter and buffer: if one moved (a restored
         pool at a new address, a re-assigned parameter), the graphs would read stale memory."""
-        binding = (self.storage.kv.data_ptr(), tuple(t.data_ptr() for t in self._tensors))
+        binding = (self.storage.kv.data_ptr(), tuple(t.data_ptr() for t in self._tensors),
+                   self.linear.data_ptrs() if self.linear is not None else None)
         if binding != self._binding:
             if self._graphs:
                 self.invalidate()
@@ -180,6 +192,8 @@ class DecodeGraphs(_GraphSet):
         self.seq_lens = torch.zeros(top, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(top, width, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)
+        self.linear_slots = (torch.full((top,), self.linear.scratch, dtype=torch.long, device=device)
+                             if self.linear is not None else None)
         self._warm = False
 
     # -- choosing ------------------------------------------------------------------------------------
@@ -191,21 +205,34 @@ class DecodeGraphs(_GraphSet):
         return self.buckets[bisect.bisect_left(self.buckets, n)]
 
     # -- running -------------------------------------------------------------------------------------
-    def run(self, batch, extra: dict, previous: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def run(self, batch, extra: dict, previous: torch.Tensor | None = None,
+            linear=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Replay the step's graph. `extra` holds more host parts for the step's one upload (the sampler's
-        columns, the rows to fill from `previous`, the in-flight step's sampled ids). Returns logits `[n, vocab]`
-        (a view of the graph's output: read it before the next replay) and the uploaded device parts."""
+        columns, the rows to fill from `previous`, the in-flight step's sampled ids); `linear` is a hybrid
+        model's plan of the step's state slots. Returns logits `[n, vocab]` (a view of the graph's output: read
+        it before the next replay) and the uploaded device parts."""
         n = len(batch)
         bucket = self.bucket(n)
         host = layout_step(batch, self.page_size, pad_to=bucket)
         if not self._warm:
             self.warmup()
         parts = {name: host.parts[name] for name in ("ids", "pos", "slots", "ctx", "tables")}
+        if linear is not None:
+            if linear.restores or linear.chunks:
+                raise AssertionError("a decode step restores no snapshot and runs no chunk")
+            linear_parts = linear.parts()
+            linear_parts["lin_slots"] = np.pad(linear_parts["lin_slots"], (0, bucket - n),
+                                               constant_values=self.linear.scratch)
+            parts.update(linear_parts)
         dev = upload({**parts, **extra}, self.device)
         self.block_tables[:n, :host.width].copy_(dev["tables"].view(n, host.width))
         self.ids[:bucket].copy_(dev["ids"])
         fill_placeholders(self.ids, dev, previous)
-        logits = self._replay(bucket, {self.pos: dev["pos"], self.slots: dev["slots"], self.seq_lens: dev["ctx"]})
+        fill = {self.pos: dev["pos"], self.slots: dev["slots"], self.seq_lens: dev["ctx"]}
+        if linear is not None:
+            linear.dev = dev  # the snapshots taken after the replay read their indices from it
+            fill[self.linear_slots] = dev["lin_slots"]
+        logits = self._replay(bucket, fill)
         return logits[:n], dev
 
     def warmup(self) -> None:
@@ -229,16 +256,22 @@ class DecodeGraphs(_GraphSet):
             host_seq_lens=[self.max_model_len] * bucket, static=True, decode_splits=splits)
         step = PagedStep(self.backend, self.storage, meta, self.layer_slot)
         ids, pos = self.ids[:bucket][None], self.pos[:bucket][None]
+        kwargs = {}
+        if self.linear is not None:
+            kwargs[LinearStates.KWARG] = self.linear.static_plan(self.linear_slots[:bucket])
 
         def forward() -> torch.Tensor:
             self.backend.prepare(meta)
             with torch.no_grad(), stepping(step):
-                out = self.view(input_ids=ids, position_ids=pos, use_cache=False)
+                out = self.view(input_ids=ids, position_ids=pos, use_cache=False, **kwargs)
             return out.logits[0]
 
-        # All rows padding while warming up and capturing: nothing is written to or read from the KV pool.
+        # All rows padding while warming up and capturing: nothing is written to or read from the KV pool, and
+        # only the scratch state slot.
         self.slots.fill_(-1)
         self.seq_lens.zero_()
+        if self.linear is not None:
+            self.linear_slots.fill_(self.linear.scratch)
         return self._store(bucket, forward)
 
 

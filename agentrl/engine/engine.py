@@ -52,6 +52,7 @@ from agentrl.engine.cuda_graphs import DecodeGraphs, ForwardParts, MixedGraphs, 
 from agentrl.engine.kv_pool import PagePool
 from agentrl.engine.kv_storage import KVStorage
 from agentrl.engine.linear_state import LinearStates
+from agentrl.engine.state_snapshots import StateSnapshots
 from agentrl.engine.model_view import compile_decoder_layers, geometry, make_view, model_device_dtype
 from agentrl.engine.sampler import Sampler
 from agentrl.engine.scheduler import FINISHED, Scheduler, Sequence
@@ -89,10 +90,6 @@ class Engine:
         if compile_layers and not geo.linear_layers and self.tp is None:
             compile_decoder_layers(self.view)
         self.linear = LinearStates(self.view, geo, config.max_num_seqs) if geo.linear_layers else None
-        if self.linear is not None and config.enable_prefix_cache:
-            # A cached page restores KV but not the recurrent state after it; until states are
-            # snapshotted at page boundaries, hybrid models recompute their prompts.
-            config = self.config = replace(config, enable_prefix_cache=False)
         self.eos_token_ids = resolve_eos_ids(config, model, tokenizer)
         self._layer_slot = {layer: i for i, layer in enumerate(geo.attention_layers)}
         page_bytes = KVStorage.bytes_per_page(len(geo.attention_layers), config.page_size, geo.num_kv_heads,
@@ -100,22 +97,32 @@ class Engine:
         free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
         if self.tp is not None:  # every tp rank the same pages: the smallest free memory of the group decides
             free = self.tp.agree_at_construction(config, free)
-        num_pages = config.resolve_num_pages(page_bytes, free)
+        snapshot_bytes = self.linear.bytes_per_state if self.linear is not None and config.enable_prefix_cache else 0
+        num_pages, num_snapshots = config.resolve_num_pages(page_bytes, free, snapshot_bytes)
+        if self.linear is not None and config.enable_prefix_cache and not num_snapshots:
+            # A cached page restores KV but not the recurrent state after it: without snapshots to resume
+            # from, hybrid models recompute their prompts.
+            config = self.config = replace(config, enable_prefix_cache=False)
         self.max_model_len = resolve_max_model_len(config, geo.max_position_embeddings, num_pages * config.page_size)
         self.pool = PagePool(num_pages, config.page_size, config.enable_prefix_cache)
+        self.snapshots = StateSnapshots(self.linear, num_snapshots) if config.enable_prefix_cache and \
+            self.linear is not None else None
+        if self.snapshots is not None:
+            self.pool.on_forget = self.snapshots.drop
         self.storage = KVStorage(len(geo.attention_layers), num_pages, config.page_size, geo.num_kv_heads,
                                  geo.head_dim, self.dtype, self.device)
         self.backend = make_backend(config.attention_backend, self.device, config.page_size)
-        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_tokens_per_step)
-        # Hybrid models plan their recurrent-state slots on the host per step, so they decode eagerly.
+        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_tokens_per_step,
+                                   resumable=self.snapshots.has if self.snapshots is not None else None)
         graphs = config.cuda_graphs and self.device.type == "cuda" and self.backend.supports_graphs
-        graphs = graphs and self.linear is None and graphs_supported(self.view)
+        graphs = graphs and graphs_supported(self.view)
         graphs = graphs and self.tp is None  # a tp graph would capture NCCL all-reduces: not verified safe, so eager
         self.forward_parts = ForwardParts(self.view, self.backend, self.storage, self._layer_slot, geo,
-                                          config.page_size, self.device, self.max_model_len)
+                                          config.page_size, self.device, self.max_model_len, self.linear)
         self.graphs = DecodeGraphs(self.forward_parts, config.max_num_seqs) if graphs else None
+        # Hybrid models prefill eagerly: a chunk's delta rule runs per sequence, planned on the host.
         self.mixed_graphs = (MixedGraphs(self.forward_parts, config.max_num_seqs, config.max_tokens_per_step)
-                             if graphs and config.mixed_step_graphs else None)
+                             if graphs and config.mixed_step_graphs and self.linear is None else None)
         self.sampler = Sampler(self.device)
         self.policy_version = 0
         self._stats = EngineStats(total_pages=num_pages)
@@ -239,14 +246,20 @@ class Engine:
             extra["fill_rows"] = np.array([r for r, _ in fills] + [s for _, s in fills], dtype=np.int64)
         previous = self._in_flight.tokens if self._in_flight is not None else None
         st = self._stats
+        linear = None
+        if self.linear is not None:
+            st.snapshot_resumes += sum(item.seq.resume_page is not None for item in batch)
+            linear = self.linear.plan(batch, self.scheduler.running, self.pool.page_size, self.snapshots)
         if self.graphs is not None and self.graphs.accepts(batch):
-            logits, dev = self.graphs.run(batch, extra, previous)
+            logits, dev = self.graphs.run(batch, extra, previous, linear)
             st.graph_steps += 1
         elif self.mixed_graphs is not None and self.mixed_graphs.accepts(batch):
             logits, dev = self.mixed_graphs.run(batch, extra, previous)
             st.mixed_graph_steps += 1
         else:
-            logits, dev = self._forward(batch, extra, previous)
+            logits, dev = self._forward(batch, extra, previous, linear)
+        if linear is not None:
+            self.linear.after(linear)
         self.scheduler.advance(batch)
         st.steps += 1
         decodes = sum(item.decode for item in batch)
@@ -301,17 +314,20 @@ class Engine:
         self.scheduler.register(flight.batch)
         return finished
 
-    def _forward(self, batch, extra: dict, previous) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The eager forward of one step: logits `[N, vocab]` of its sampled rows, and its uploaded parts."""
+    def _forward(self, batch, extra: dict, previous, linear=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The eager forward of one step: logits `[N, vocab]` of its sampled rows, and its uploaded parts.
+        `linear`: the step's plan of linear-attention states (hybrid models)."""
         host = layout_step(batch, self.pool.page_size)
-        dev = upload({**host.parts, **extra}, self.device)
+        dev = upload({**host.parts, **extra, **(linear.parts() if linear is not None else {})}, self.device)
         fill_placeholders(dev["ids"], dev, previous)
         input_ids, position_ids, rows, meta = step_inputs(host, dev, self.pool.page_size)
         self.backend.prepare(meta)
         step = PagedStep(self.backend, self.storage, meta, self._layer_slot)
         kwargs = {}
-        if self.linear is not None:
-            kwargs[LinearStates.KWARG] = self.linear.plan(batch, self.scheduler.running)
+        if linear is not None:
+            linear.bind(dev)
+            self.linear.before(linear)
+            kwargs[LinearStates.KWARG] = linear
         with torch.no_grad(), stepping(step):
             out = self.view(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=rows,
                             **kwargs)
@@ -467,6 +483,8 @@ class Engine:
             self._stats.kv_released_bytes = self.storage.release(live)
             if self.linear is not None:
                 self.linear.release()
+            if self.snapshots is not None:  # those of dropped pages went with them; those of live pages are kept
+                self._stats.kv_released_bytes += self.snapshots.release()
             self._stats.kv_releases += 1
             self._released = True
 
@@ -477,6 +495,8 @@ class Engine:
             self.storage.restore()
             if self.linear is not None:
                 self.linear.restore()
+            if self.snapshots is not None:
+                self.snapshots.restore()
             self._released = False
         self._wake.set()
 
@@ -491,4 +511,7 @@ class Engine:
             st.cached_tokens = self.scheduler.prefix_hit_tokens
             st.free_pages, st.cached_pages = self.pool.num_free, self.pool.num_cached
             st.graph_captures = sum(g.captures for g in (self.graphs, self.mixed_graphs) if g is not None)
+            if self.snapshots is not None:
+                snaps = self.snapshots
+                st.state_snapshots, st.snapshots_taken, st.snapshot_bytes = len(snaps), snaps.taken, snaps.nbytes
             return st

@@ -13,6 +13,10 @@ resubmitted turns for a full collection (benchmarks/engine_host_cpu.py). A diges
 the collector never tracks, and at 128 bits a collision needs ~2^64 pages.
 
 Only full pages are ever shared, and a full page is never written again, so sharing needs no copy-on-write.
+
+`on_forget(page)`, if set, is called whenever the pool stops vouching for a page's content: an unregistered
+page freed, a registered one evicted or unregistered, or a page left private because its key is taken. Whatever
+is attached to a page's content (hybrid models' state snapshots) goes with it.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class PagePool:
         self._key_of: dict[int, bytes] = {}  # page -> key
         self._page_of: dict[bytes, int] = {}  # key -> page
         self.evictions = 0
+        self.on_forget = None
 
     # -- capacity -------------------------------------------------------------------------------------
     @property
@@ -89,6 +94,7 @@ class PagePool:
                 self._evictable[page] = None
             else:
                 self._free.append(page)
+                self._forget(page)
 
     # -- prefix cache ---------------------------------------------------------------------------------
     def match(self, keys: Sequence[bytes]) -> list[int]:
@@ -110,6 +116,8 @@ class PagePool:
         """Advertise a live, fully computed page under `key`. False if the key is taken by another page
         (two sequences computed the same prefix concurrently): this one then stays private."""
         if not self.enable_prefix_cache or key in self._page_of or page in self._key_of:
+            if page not in self._key_of:
+                self._forget(page)
             return False
         self._page_of[key] = page
         self._key_of[page] = key
@@ -133,6 +141,11 @@ class PagePool:
 
     def _unregister(self, page: int) -> None:
         del self._page_of[self._key_of.pop(page)]
+        self._forget(page)
+
+    def _forget(self, page: int) -> None:
+        if self.on_forget is not None:
+            self.on_forget(page)
 
     def live_pages(self) -> list[int]:
         return [p for p, r in enumerate(self.refs) if r > 0]

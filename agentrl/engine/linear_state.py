@@ -1,10 +1,25 @@
 """Per-sequence state slots for linear-attention layers (Qwen3.5's gated delta net), beside the paged KV.
 
-A linear-attention layer keeps no KV: each sequence carries a convolution window (the last
-`kernel - 1` inputs of the short causal conv) and a recurrent matrix per value head. They live in slot
-tensors indexed by a per-sequence slot, so a packed step runs the projections over all its tokens at
-once and only the conv and the delta rule go sequence by sequence, each from its own slot. A sequence
-that starts (or restarts after preemption) from position 0 starts from zero state.
+A linear-attention layer keeps no KV: each sequence carries a convolution window (the last `kernel - 1` inputs
+of the short causal conv) and a recurrent matrix per value head. They live in two tensors stacked over the
+layers, `conv [layers, slots + 1, channels, kernel - 1]` and `recurrent [layers, slots + 1, heads, dk, dv]`,
+indexed by a per-sequence slot, so a packed step runs the projections over all its tokens at once. The extra
+slot is scratch: the padding rows of a captured decode step read and write it.
+
+Per step (`plan`), each sequence's part of the packed row is either
+- one token continuing from its slot (a decode): all of these run together, the conv window and the
+  single-token delta rule over the batch of their slots, state gathered by slot index and scattered back.
+  That path is tensor ops on device indices only, so a CUDA graph captures it (`static_plan`): the slots
+  are a persistent buffer written before each replay;
+- a chunk (a prompt, or a continuation after a cached prefix): the conv and the chunked delta rule for that
+  sequence alone, from zero state if it starts at position 0.
+
+Prefix-cache resume points (`state_snapshots.py`): the state at the deepest page boundary a step reaches
+for a sequence is copied into a snapshot attached to the page that ends there. A chunk that crosses that
+boundary runs the delta rule in two pieces split at it, so the snapshot is the state *at* the boundary; a
+step whose part ends on the boundary is copied out after the forward. A sequence admitted on cached pages
+starts from the snapshot of its deepest one, copied into its slot before the forward. The split points
+depend only on positions, so the same prompt is computed the same way whether or not the cache is on.
 
 The view's linear-attention modules get this forward instead of transformers' own, which reads its state
 from a Cache object over a padded batch; the math functions (conv, chunked / recurrent delta rule, gated
@@ -15,7 +30,9 @@ from __future__ import annotations
 
 import sys
 import types
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -41,42 +58,92 @@ class LinearStates:
         if set(self.modules) != wanted:
             raise NotImplementedError(
                 f"no supported linear-attention module found for layers {sorted(wanted - set(self.modules))}")
-        first = next(iter(self.modules.values()))
-        p = first.in_proj_qkv.weight
-        self.num_slots = num_slots
-        self._shapes = {}
-        for idx, m in self.modules.items():
-            conv_dim = m.key_dim * 2 + m.value_dim
-            heads = m.value_dim // m.head_v_dim
-            self._shapes[idx] = ((num_slots, conv_dim, m.conv_kernel_size - 1),
-                                 (num_slots, heads, m.head_k_dim, m.head_v_dim))
+        shapes = set()
+        for m in self.modules.values():
+            shapes.add(((m.key_dim * 2 + m.value_dim, m.conv_kernel_size - 1),
+                        (m.value_dim // m.head_v_dim, m.head_k_dim, m.head_v_dim)))
             m.forward = types.MethodType(_packed_forward, m)
+        if len(shapes) != 1:
+            raise NotImplementedError(f"linear-attention layers of several shapes {sorted(shapes)}")
+        (self.conv_shape, self.recurrent_shape), = shapes
+        self.layers = tuple(sorted(self.modules))
+        self.position = {idx: i for i, idx in enumerate(self.layers)}  # layer_idx -> its row in the state tensors
+        p = next(iter(self.modules.values())).in_proj_qkv.weight
         self.device, self.dtype = p.device, p.dtype
-        self._allocate()
+        self.num_slots = num_slots
+        self.scratch = num_slots
+        self.conv, self.recurrent = self.allocate(num_slots + 1)
         self._slot_of: dict[int, int] = {}  # request id -> slot
         self._free = list(range(num_slots - 1, -1, -1))
         self._saved = None
 
-    def _allocate(self) -> None:
-        # The recurrent state stays fp32: the delta rule accumulates in it over the whole sequence.
-        self.conv = {i: torch.zeros(c, dtype=self.dtype, device=self.device) for i, (c, _) in self._shapes.items()}
-        self.recurrent = {i: torch.zeros(r, dtype=torch.float32, device=self.device)
-                          for i, (_, r) in self._shapes.items()}
+    def allocate(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zeroed conv and recurrent tensors of `n` states. The recurrent state is fp32: the delta rule
+        accumulates in it over the whole sequence."""
+        layers = len(self.layers)
+        conv = torch.zeros((layers, n, *self.conv_shape), dtype=self.dtype, device=self.device)
+        recurrent = torch.zeros((layers, n, *self.recurrent_shape), dtype=torch.float32, device=self.device)
+        return conv, recurrent
 
-    def plan(self, batch, running) -> "_Plan":
-        """(first row, length, slot, starts fresh) per scheduled sequence, in packed order."""
-        segments, row = [], 0
-        for item in batch:
+    @property
+    def bytes_per_state(self) -> int:
+        """One sequence's state over every linear-attention layer (what a snapshot weighs)."""
+        conv = int(np.prod(self.conv_shape)) * torch.empty((), dtype=self.dtype).element_size()
+        return len(self.layers) * (conv + int(np.prod(self.recurrent_shape)) * 4)
+
+    def data_ptrs(self) -> tuple[int, int]:
+        return self.conv.data_ptr(), self.recurrent.data_ptr()
+
+    # -- planning ------------------------------------------------------------------------------------
+    def plan(self, batch, running, page_size: int, snapshots=None) -> "StepPlan":
+        """Where each scheduled part's state comes from and goes: slots, restores from snapshots before the
+        forward, and snapshots taken at the page boundaries the step reaches (`snapshots`: the prefix cache's
+        snapshot pool, None without one)."""
+        plan = StepPlan(self, snapshots)
+        if snapshots is not None:
+            snapshots.begin_step()
+        slots, row = [], 0
+        for item in batch:  # restores first: a snapshot taken below may evict one restored from (the copy runs first)
             seq = item.seq
-            slot = self._slot_of.get(seq.request_id)
-            if slot is None:
-                if not self._free:
-                    self._release_preempted({s.request_id for s in running})
-                slot = self._free.pop()  # slots >= max_num_seqs >= running sequences
-                self._slot_of[seq.request_id] = slot
-            segments.append((row, item.length, slot, item.start == 0))
-            row += item.length
-        return _Plan(self, segments)
+            slot = self._slot(seq, running)
+            slots.append(slot)
+            if seq.resume_page is not None and item.start > 0:
+                plan.restores.append((snapshots.index(seq.resume_page), slot))
+            seq.resume_page = None
+        for item, slot in zip(batch, slots):
+            seq, start, n = item.seq, item.start, item.length
+            end, fresh = start + n, start == 0
+            boundary = end // page_size * page_size
+            split = boundary - start if start < boundary < end else 0
+            snap = -1
+            if boundary > start and snapshots is not None:
+                snap = snapshots.take(seq.pages[boundary // page_size - 1], seq)
+            if n == 1 and not fresh:
+                plan.single_rows.append(row)
+                plan.single_slots.append(slot)
+            else:
+                plan.chunks.append(Chunk(row, n, slot, fresh, split, snap if split else -1))
+            if snap >= 0 and not split:
+                plan.saves.append((slot, snap))
+            row += n
+        return plan
+
+    def static_plan(self, slots: torch.Tensor) -> "StepPlan":
+        """A captured decode step's plan: row i decodes from slot `slots[i]` (a buffer written before each
+        replay; padding rows hold the scratch slot)."""
+        plan = StepPlan(self, None)
+        plan.single_slots_dev = slots
+        plan.num_singles = slots.shape[0]
+        return plan
+
+    def _slot(self, seq, running) -> int:
+        slot = self._slot_of.get(seq.request_id)
+        if slot is None:
+            if not self._free:
+                self._release_preempted({s.request_id for s in running})
+            slot = self._free.pop()  # slots >= max_num_seqs >= running sequences
+            self._slot_of[seq.request_id] = slot
+        return slot
 
     def free(self, seq) -> None:
         slot = self._slot_of.pop(seq.request_id, None)
@@ -84,64 +151,180 @@ class LinearStates:
             self._free.append(slot)
 
     def _release_preempted(self, running_ids: set[int]) -> None:
-        """Slots of preempted sequences go back: they restart from position 0 and zero state anyway."""
+        """Slots of preempted sequences go back: they restart from position 0 or from a snapshot anyway."""
         for rid in [r for r in self._slot_of if r not in running_ids]:
             self._free.append(self._slot_of.pop(rid))
 
+    # -- copies around a step ----------------------------------------------------------------------
+    def before(self, plan: "StepPlan") -> None:
+        """Restore the slots of sequences resuming from a snapshot (device indices from the step's upload)."""
+        if plan.restores:
+            snaps, slots = plan.dev["lin_restore"].view(2, -1)
+            self.conv.index_copy_(1, slots, plan.snapshots.conv.index_select(1, snaps))
+            self.recurrent.index_copy_(1, slots, plan.snapshots.recurrent.index_select(1, snaps))
+
+    def after(self, plan: "StepPlan") -> None:
+        """Copy the states that ended on a page boundary into their snapshots."""
+        if plan.saves:
+            slots, snaps = plan.dev["lin_save"].view(2, -1)
+            plan.snapshots.conv.index_copy_(1, snaps, self.conv.index_select(1, slots))
+            plan.snapshots.recurrent.index_copy_(1, snaps, self.recurrent.index_select(1, slots))
+
+    # -- memory --------------------------------------------------------------------------------------
     def release(self) -> None:
-        self._saved = ({i: t.cpu() for i, t in self.conv.items()}, {i: t.cpu() for i, t in self.recurrent.items()})
+        self._saved = (self.conv.cpu(), self.recurrent.cpu())
         self.conv = self.recurrent = None
 
     def restore(self) -> None:
         if self._saved is not None:
             conv, rec = self._saved
-            self.conv = {i: t.to(self.device) for i, t in conv.items()}
-            self.recurrent = {i: t.to(self.device) for i, t in rec.items()}
+            self.conv, self.recurrent = conv.to(self.device), rec.to(self.device)
             self._saved = None
 
 
-class _Plan:
-    def __init__(self, states: LinearStates, segments):
-        self.states, self.segments = states, segments
+@dataclass
+class Chunk:
+    """A sequence's multi-token part of the packed row (or a single token from zero state)."""
+
+    row: int
+    length: int
+    slot: int
+    fresh: bool  # starts at position 0: zero state
+    split: int  # offset of the page boundary where the delta rule is split, 0: not split
+    snap: int  # snapshot written at the split, -1: none
+
+
+@dataclass
+class StepPlan:
+    states: LinearStates
+    snapshots: object  # StateSnapshots or None
+    single_rows: list[int] = field(default_factory=list)
+    single_slots: list[int] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)
+    restores: list[tuple[int, int]] = field(default_factory=list)  # (snapshot, slot)
+    saves: list[tuple[int, int]] = field(default_factory=list)  # (slot, snapshot)
+    dev: dict = field(default_factory=dict)
+    num_singles: int = 0
+    single_slots_dev: torch.Tensor | None = None
+    single_rows_dev: torch.Tensor | None = None  # None: the singles are rows 0 .. num_singles - 1
+
+    def parts(self) -> dict[str, np.ndarray]:
+        """Host index arrays that travel in the step's one upload."""
+        out = {}
+        if self.single_slots:
+            out["lin_slots"] = np.array(self.single_slots, dtype=np.int64)
+            if self.single_rows != list(range(len(self.single_rows))):
+                out["lin_rows"] = np.array(self.single_rows, dtype=np.int64)
+        if self.restores:
+            out["lin_restore"] = np.array(self.restores, dtype=np.int64).T.reshape(-1)
+        if self.saves:
+            out["lin_save"] = np.array(self.saves, dtype=np.int64).T.reshape(-1)
+        return out
+
+    def bind(self, dev: dict[str, torch.Tensor]) -> None:
+        """Take the device indices of the step's upload."""
+        self.dev = dev
+        self.num_singles = len(self.single_slots)
+        if self.num_singles:
+            self.single_slots_dev = dev["lin_slots"]
+            self.single_rows_dev = dev.get("lin_rows")
 
 
 def _packed_forward(self, hidden_states, *args, **kwargs):
-    plan: _Plan | None = kwargs.get(LinearStates.KWARG)
+    plan: StepPlan | None = kwargs.get(LinearStates.KWARG)
     if plan is None:
         raise RuntimeError("the engine's linear-attention forward was called without its step plan")
     impl = sys.modules[type(self).__module__]
-    from transformers.activations import ACT2FN
-
     x = hidden_states[0]  # the packed step is one row
     total = x.shape[0]
     mixed = self.in_proj_qkv(x)  # [T, conv_dim]
     z = self.in_proj_z(x).reshape(total, -1, self.head_v_dim)
     beta = self.in_proj_b(x).sigmoid()
     g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
-    weight = self.conv1d.weight  # [C, 1, K]
-    width = self.conv_kernel_size - 1
-    conv_states, rec_states = plan.states.conv[self.layer_idx], plan.states.recurrent[self.layer_idx]
-    outs = []
-    for row, n, slot, fresh in plan.segments:
-        seg = mixed[row:row + n].transpose(0, 1)  # [C, n]
-        prev = torch.zeros_like(conv_states[slot]) if fresh else conv_states[slot]
-        window = torch.cat([prev.to(seg.dtype), seg], dim=-1)  # [C, K - 1 + n]
-        conv_states[slot] = window[:, window.shape[-1] - width:]
-        y = F.conv1d(window[None], weight, self.conv1d.bias, groups=window.shape[0])[0]  # [C, n]
-        y = ACT2FN[self.activation](y).transpose(0, 1)[None]  # [1, n, C]
-        q, k, v = torch.split(y, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = q.reshape(1, n, -1, self.head_k_dim)
-        k = k.reshape(1, n, -1, self.head_k_dim)
-        v = v.reshape(1, n, -1, self.head_v_dim)
-        if v.shape[2] != k.shape[2]:  # transformers 5.17 repeats q/k heads in the module, 5.24 in the rule
-            q = q.repeat_interleave(v.shape[2] // k.shape[2], dim=2)
-            k = k.repeat_interleave(v.shape[2] // k.shape[2], dim=2)
-        initial = None if fresh else rec_states[slot:slot + 1]
-        rule = impl.torch_recurrent_gated_delta_rule if n == 1 and not fresh else impl.torch_chunk_gated_delta_rule
-        out, final = rule(q, k, v, g=g[row:row + n][None], beta=beta[row:row + n][None], initial_state=initial,
-                          output_final_state=True, use_qk_l2norm_in_kernel=True)
-        rec_states[slot] = final[0].to(rec_states.dtype)
-        outs.append(out[0])
-    core = torch.cat(outs, dim=0)  # [T, Hv, Dv]
+    states = plan.states
+    layer = states.position[self.layer_idx]
+    conv_states, rec_states = states.conv[layer], states.recurrent[layer]
+    if plan.num_singles == total:  # every row a decode: the graph path, and most eager steps
+        core = _decode_rows(self, impl, mixed, g, beta, conv_states, rec_states, plan.single_slots_dev)
+    else:
+        core = mixed.new_empty(total, self.value_dim // self.head_v_dim, self.head_v_dim)
+        if plan.num_singles:
+            rows = plan.single_rows_dev
+            if rows is None:
+                n = plan.num_singles
+                core[:n] = _decode_rows(self, impl, mixed[:n], g[:n], beta[:n], conv_states, rec_states,
+                                        plan.single_slots_dev)
+            else:
+                core.index_copy_(0, rows, _decode_rows(
+                    self, impl, mixed.index_select(0, rows), g.index_select(0, rows), beta.index_select(0, rows),
+                    conv_states, rec_states, plan.single_slots_dev))
+        snapshots = plan.snapshots
+        for chunk in plan.chunks:
+            snap_conv = snap_rec = None
+            if chunk.snap >= 0:
+                snap_conv, snap_rec = snapshots.conv[layer, chunk.snap], snapshots.recurrent[layer, chunk.snap]
+            r, n = chunk.row, chunk.length
+            core[r:r + n] = _chunk_rows(self, impl, mixed[r:r + n], g[r:r + n], beta[r:r + n], conv_states,
+                                        rec_states, chunk, snap_conv, snap_rec)
     core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
     return self.out_proj(core.reshape(1, total, -1))
+
+
+def _qkv(self, y: torch.Tensor, batch: int, n: int):
+    """q, k, v `[batch, n, heads, dim]` from the conv output `[batch, n, conv_dim]`."""
+    q, k, v = torch.split(y, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    q = q.reshape(batch, n, -1, self.head_k_dim)
+    k = k.reshape(batch, n, -1, self.head_k_dim)
+    v = v.reshape(batch, n, -1, self.head_v_dim)
+    if v.shape[2] != k.shape[2]:  # transformers 5.17 repeats q/k heads in the module, 5.24 in the rule
+        q = q.repeat_interleave(v.shape[2] // k.shape[2], dim=2)
+        k = k.repeat_interleave(v.shape[2] // k.shape[2], dim=2)
+    return q, k, v
+
+
+def _decode_rows(self, impl, mixed, g, beta, conv_states, rec_states, slots):
+    """One token for each of `len(slots)` sequences, each continuing from its slot: the conv window and the
+    single-token delta rule over the whole batch, state gathered by slot and scattered back. Rows are
+    independent, so a row's result does not depend on the batch it runs in."""
+    from transformers.activations import ACT2FN
+
+    b = mixed.shape[0]
+    window = torch.cat([conv_states.index_select(0, slots).to(mixed.dtype), mixed[:, :, None]], dim=-1)  # [B, C, K]
+    conv_states.index_copy_(0, slots, window[:, :, 1:].to(conv_states.dtype))
+    y = F.conv1d(window, self.conv1d.weight, self.conv1d.bias, groups=window.shape[1])  # [B, C, 1]
+    y = ACT2FN[self.activation](y).transpose(1, 2)  # [B, 1, C]
+    q, k, v = _qkv(self, y, b, 1)
+    out, final = impl.torch_recurrent_gated_delta_rule(
+        q, k, v, g=g[:, None], beta=beta[:, None], initial_state=rec_states.index_select(0, slots),
+        output_final_state=True, use_qk_l2norm_in_kernel=True)
+    rec_states.index_copy_(0, slots, final.to(rec_states.dtype))
+    return out[:, 0]  # [B, Hv, Dv]
+
+
+def _chunk_rows(self, impl, mixed, g, beta, conv_states, rec_states, chunk: Chunk, snap_conv, snap_rec):
+    """One sequence's chunk: the conv over its window, the delta rule (split at `chunk.split`, where the state is
+    written into the snapshot `snap_conv` / `snap_rec` if given)."""
+    from transformers.activations import ACT2FN
+
+    n, slot, width = chunk.length, chunk.slot, self.conv_kernel_size - 1
+    seg = mixed.transpose(0, 1)  # [C, n]
+    prev = torch.zeros_like(conv_states[slot]) if chunk.fresh else conv_states[slot]
+    window = torch.cat([prev.to(seg.dtype), seg], dim=-1)  # [C, K - 1 + n]
+    conv_states[slot] = window[:, window.shape[-1] - width:]
+    if snap_conv is not None:  # the window's last `width` inputs before the boundary
+        snap_conv.copy_(window[:, chunk.split:chunk.split + width])
+    y = F.conv1d(window[None], self.conv1d.weight, self.conv1d.bias, groups=window.shape[0])[0]  # [C, n]
+    y = ACT2FN[self.activation](y).transpose(0, 1)[None]  # [1, n, C]
+    q, k, v = _qkv(self, y, 1, n)
+    state = None if chunk.fresh else rec_states[slot:slot + 1]
+    outs = []
+    for a, b in ((0, chunk.split), (chunk.split, n)) if chunk.split else ((0, n),):
+        rule = impl.torch_recurrent_gated_delta_rule if b - a == 1 and state is not None else \
+            impl.torch_chunk_gated_delta_rule
+        out, state = rule(q[:, a:b], k[:, a:b], v[:, a:b], g=g[a:b][None], beta=beta[a:b][None],
+                          initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        if a == 0 and snap_rec is not None:
+            snap_rec.copy_(state[0])
+        outs.append(out[0])
+    rec_states[slot] = state[0].to(rec_states.dtype)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

@@ -9,7 +9,8 @@ Each step, in order:
    are admitted in arrival order while `max_num_seqs`, the step's token budget and the pool allow. A
    sequence is admitted only if the pool can take its whole remaining prompt now, so admissions do not
    stall half way and thrash; its longest cached prefix of full pages is mapped, never its last token,
-   which must run to yield logits.
+   which must run to yield logits. For a hybrid model (`resumable` set) the prefix is cut back to the deepest
+   page with a linear-attention state snapshot, which the sequence resumes from (`Sequence.resume_page`).
 Prefill chunks share the step with decodes, so a long prompt never stalls the sequences already decoding.
 
 The engine schedules step n+1 while step n still runs on the device, so a sequence's last token may be a
@@ -51,6 +52,8 @@ class Sequence:
     unresolved: int = 0  # trailing tokens sampled by a step still in flight (placeholders in `tokens`)
     source_row: int = -1  # row of the in-flight step's output that holds the value of the last placeholder
     final: bool = False  # the pending token reaches a length limit: no more steps, it finishes on resolving
+    resume_page: int | None = None  # hybrid models: the cached page whose state snapshot the next step restores
+    snapshot_page: int | None = None  # hybrid models: the page of the newest state snapshot this sequence took
 
     @property
     def num_generated(self) -> int:
@@ -80,8 +83,9 @@ class Scheduled:
 
 
 class Scheduler:
-    def __init__(self, pool: PagePool, max_num_seqs: int, max_tokens_per_step: int):
+    def __init__(self, pool: PagePool, max_num_seqs: int, max_tokens_per_step: int, resumable=None):
         self.pool = pool
+        self.resumable = resumable  # page -> whether a sequence can resume after it (None: any cached page)
         self.max_num_seqs = max_num_seqs
         self.max_tokens = max_tokens_per_step
         self.waiting: deque[Sequence] = deque()
@@ -187,10 +191,15 @@ class Scheduler:
         usable = (len(seq.tokens) - 1) // ps  # the last token always runs, to give the next token's logits
         keys = seq.keys(usable, ps)
         matched = self.pool.match(keys)
+        if self.resumable is not None and matched:
+            keep = next((i + 1 for i in range(len(matched) - 1, -1, -1) if self.resumable(matched[i])), 0)
+            self.pool.release(matched[keep:])
+            matched = matched[:keep]
         if self.pool.pages_for(len(seq.tokens)) - len(matched) > self.pool.num_free:
             self.pool.release(matched)
             return False
         seq.pages = matched
+        seq.resume_page = matched[-1] if matched and self.resumable is not None else None
         seq.num_computed = seq.num_registered = len(matched)
         seq.num_computed *= ps
         if seq.cached_tokens is None:
@@ -224,6 +233,7 @@ class Scheduler:
         self.running.remove(seq)
         self.pool.release(seq.pages)
         seq.pages, seq.num_computed, seq.num_registered = [], 0, 0
+        seq.resume_page = None
         seq.status = WAITING
         self.waiting.appendleft(seq)
         self.preemptions += 1

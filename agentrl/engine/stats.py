@@ -25,6 +25,10 @@ class EngineStats:
     graph_steps: int = 0  # decode steps replayed from a CUDA graph
     mixed_graph_steps: int = 0  # steps with prefill chunks replayed from a CUDA graph
     graph_captures: int = 0
+    state_snapshots: int = 0  # hybrid models: linear-attention state snapshots held as prefix-cache resume points
+    snapshots_taken: int = 0
+    snapshot_resumes: int = 0  # admissions that resumed from a snapshot (their cached pages counted in cached_tokens)
+    snapshot_bytes: int = 0  # device memory of the snapshot pool
     idle_seconds: float = 0.0  # the engine thread had nothing to run (no requests, or the KV pool released)
     paused_seconds: float = 0.0  # held off by pause(): optimizer steps and checkpoints
 
