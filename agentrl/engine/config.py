@@ -29,11 +29,13 @@ class EngineConfig:
     `attention_backend`: "auto" takes the Triton kernels on CUDA (when triton imports and `page_size` is a
     power of two) and the torch reference elsewhere; "torch" / "triton" force one.
     `cuda_graphs`: replay pure-decode steps from CUDA graphs captured per batch-size bucket (CUDA with the
-    Triton backend only, and not on a tensor-parallel model; see `agentrl.engine.cuda_graphs`). The graphs read the parameters by address, so
+    Triton backend only, and not on a tensor-parallel model; see `agentrl.engine.cuda_graphs`); hybrid models'
+    decode steps too. The graphs read the parameters by address, so
     they stay valid across optimizer steps that update parameters in place, which is what the engine
     requires anyway (the view shares the training tensors); a re-assigned parameter is noticed and the
     graphs are captured again. With `mixed_step_graphs`, steps that prefill replay graphs too, one per token
-    bucket (powers of two up to `max_tokens_per_step`), captured on first use.
+    bucket (powers of two up to `max_tokens_per_step`), captured on first use (not for hybrid models, whose
+    prefill chunks run per sequence).
     `overlap`: queue step n+1 on the device before waiting for step n's sampled tokens (they reach step n+1 on
     the device), so host bookkeeping and scheduling run while the device computes. Off: each step is waited for
     before the next is scheduled. Outputs are identical either way.

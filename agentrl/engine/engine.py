@@ -3,7 +3,8 @@
 Data flow:
 
     submit()      → inbox → Scheduler.waiting
-    step()        → Scheduler.schedule(): admit waiting sequences (mapping their cached prefix pages),
+    step()        → Scheduler.schedule(): admit waiting sequences (mapping their cached prefix pages; a hybrid
+                    model's only up to the deepest page with a state snapshot, state_snapshots.py),
                     one token for every decoding sequence, prefill chunks under the token budget; pages
                     from the PagePool, preempting the newest sequence when a decode finds none
                   → layout_step() (step_layout.py): every scheduled token in one row [1, T], StepMetadata
@@ -11,10 +12,11 @@ Data flow:
                     host-to-device copy
                   → forward of the model view (the training model's own parameters): each attention
                     layer calls paged_attention_forward → backend.write_kv + backend.attend over
-                    KVStorage (Triton on CUDA); linear-attention layers read and write their state slots;
+                    KVStorage (Triton on CUDA); linear-attention layers read and write their state slots
+                    (restored from a snapshot first when resuming, copied into snapshots at page boundaries);
                     the lm_head runs only on the rows whose next token is wanted. On CUDA a pure-decode
                     step replays the CUDA graph of its batch-size bucket instead, and a step that prefills the graph of
-                    its token bucket (cuda_graphs.py)
+                    its token bucket (cuda_graphs.py; a hybrid model's prefills run eagerly)
                   → Sampler: tokens + behaviour logprobs of all rows, one device-to-host transfer (the
                     step's only sync)
                   → append, tag with policy_version, check stops; Scheduler.register advertises the

@@ -10,11 +10,16 @@ every hit to such a page (`Scheduler.resumable`).
 
 Why a separate pool rather than one snapshot per page: a snapshot is the whole state of every linear layer,
 which for Qwen3.5 shapes weighs as much as many pages of KV (`LinearStates.bytes_per_state` against
-`KVStorage.bytes_per_page`). So snapshots are few (`EngineConfig.state_snapshots`) and kept where they pay: a sequence's newest one is
-what its next turn resumes from, so taking a new one moves the sequence's previous one to the front of the
-eviction order; otherwise the least recently taken or used goes first. A snapshot lives at most as long as
-its page's content: the page pool calls `drop` when it forgets a page (freed unregistered, evicted,
-unregistered on a cache clear or a release of the pool, or left private because another page holds its key).
+`KVStorage.bytes_per_page`). So snapshots are few (`EngineConfig.state_snapshots`) and kept where they pay:
+a sequence's newest one is what its next turn resumes from, so taking a new one moves the sequence's previous
+one to the front of the eviction order; otherwise the least recently taken or used goes first. A snapshot
+lives at most as long as its page's content: the page pool calls `drop` when it forgets a page (freed
+unregistered, evicted, unregistered on a cache clear or a release of the pool, or left private because
+another page holds its key).
+
+Snapshots are written by device work queued in step order (a restore copies out before the forward, a
+snapshot is written in or after it), so a snapshot evicted and taken again by a later step is overwritten
+only after every earlier read of it. Within one step no snapshot is taken twice (`begin_step`).
 """
 
 from __future__ import annotations
