@@ -37,6 +37,7 @@ class StateSnapshots:
         self._index_of: OrderedDict[int, int] = OrderedDict()  # page -> snapshot index; first evicted first
         self._free = list(range(capacity - 1, -1, -1))
         self._taken_now: set[int] = set()  # pages whose snapshot the step being planned writes
+        self._taker: dict[int, int] = {}  # page -> request id of the sequence that took its snapshot
         self._saved = None
         self.taken = 0
         self.evicted = 0
@@ -76,13 +77,15 @@ class StateSnapshots:
         self._index_of[page] = index
         self._taken_now.add(page)
         previous = seq.snapshot_page
-        if previous is not None and previous in self._index_of and previous != page:
+        if previous is not None and self._taker.get(previous) == seq.request_id and previous in self._index_of:
             self._index_of.move_to_end(previous, last=False)
         seq.snapshot_page = page
+        self._taker[page] = seq.request_id
         self.taken += 1
         return index
 
     def drop(self, page: int) -> None:
+        self._taker.pop(page, None)
         index = self._index_of.pop(page, None)
         if index is not None:
             self._free.append(index)

@@ -2,12 +2,15 @@
 taken at page boundaries, prefill only what is new, and decode exactly as with the cache off, through eviction,
 preemption and release of the KV memory."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.engine.kv_pool import PagePool, chain_keys
 from agentrl.engine.scheduler import Scheduler, Sequence
+from agentrl.engine.state_snapshots import StateSnapshots
 from agentrl.models import load_model
 from tests.helpers import random_prompts
 
@@ -85,6 +88,29 @@ def test_a_cached_prefix_is_cut_back_to_the_deepest_page_with_a_snapshot():
     pool.check()
     dense = Scheduler(PagePool(8, 4), 4, 64)  # a dense model resumes after any cached page
     assert dense.resumable is None
+
+
+def test_snapshot_eviction_order():
+    states = SimpleNamespace(allocate=lambda n: (torch.zeros(1, n, 1), torch.zeros(1, n, 1)), bytes_per_state=8)
+    snaps = StateSnapshots(states, capacity=3)
+    a, b, c = (Sequence(i, 1, [0], GREEDY, frozenset()) for i in range(3))
+    snaps.begin_step()
+    first = snaps.take(1, a)
+    snaps.begin_step()
+    snaps.take(2, a)  # a's newest: page 1 is now evicted first
+    snaps.take(3, b)
+    snaps.begin_step()
+    assert snaps.take(4, c) == first and not snaps.has(1) and snaps.has(2) and snaps.evicted == 1
+    snaps.index(2)  # resumed from: the last to go
+    snaps.begin_step()
+    snaps.take(5, c)
+    assert not snaps.has(3) and snaps.has(2)
+    snaps.begin_step()
+    for page, seq in ((6, a), (7, b), (8, c)):
+        snaps.take(page, seq)
+    d = Sequence(3, 1, [0], GREEDY, frozenset())
+    assert snaps.take(9, d) == -1 and len(snaps) == 3  # every snapshot is written by this step: none taken
+    assert snaps.nbytes == 24
 
 
 def test_forgetting_a_page_drops_its_snapshot(model):
