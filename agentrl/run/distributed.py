@@ -143,7 +143,10 @@ def combine_train_metrics(rows: Sequence[dict], pooled_loss: float) -> dict:
     kept, histograms added), tokens/s over the slowest replica's time."""
     out = dict(rows[0])  # grad_norm, lr, skipped: the same on every replica
     out["loss"] = pooled_loss
-    for key in ("trained_tokens", "generated_tokens", "rows", "tokens"):
+    for key in ("trained_tokens", "generated_tokens", "rows", "tokens", "computed_tokens", "prefix_shared_tokens",
+                "prefix_tree_shared_tokens"):
+        if not any(key in r for r in rows):
+            continue
         out[key] = sum(r.get(key, 0) for r in rows)
     out["train_seconds"] = max(r["train_seconds"] for r in rows)
     out["trained_tokens_per_s"] = out["trained_tokens"] / max(out["train_seconds"], 1e-9)
@@ -257,7 +260,7 @@ class ParallelRun:
         if not samples:  # nothing anywhere: fail as one process does, on every rank alike
             return trainer.step(samples, policy_version, guard=guard)
         lengths = [len(s) for s in samples]
-        shares = assign(lengths, self.mesh.n_replicas)
+        shares = self._share_out(samples, lengths, trainer)
         mine = [samples[i] for i in shares[self.mesh.replica]]
         pooled = pooled_loss_denominator(samples, trainer.loss_config, policy_version)
         own = pooled_loss_denominator(mine, trainer.loss_config, policy_version) if mine else 0.0
@@ -276,6 +279,19 @@ class ParallelRun:
         return {**combine_train_metrics(rows, stepper.pooled_loss),
                 "parallel/imbalance": imbalance(lengths, shares),
                 "parallel/largest_share": max(len(s) for s in shares)}
+
+    def _share_out(self, samples: Sequence, lengths: list[int], trainer) -> list[list[int]]:
+        """Each replica's sample indices. A trainer that computes a group's common prefix once gets whole groups
+        (placed by their members' Σ L²), so a group split over replicas does not lose its sharing."""
+        if not getattr(trainer, "share_prefix", False):
+            return assign(lengths, self.mesh.n_replicas)
+        groups: dict = {}
+        for i, s in enumerate(samples):
+            groups.setdefault(s.group_id if s.group_id is not None else ("sample", i), []).append(i)
+        members = list(groups.values())
+        # assign() balances Σ L²; a group's cost is its members' Σ L², passed as the length whose square it is.
+        units = assign([round(sum(lengths[i] ** 2 for i in m) ** 0.5) for m in members], self.mesh.n_replicas)
+        return [[i for u in share for i in members[u]] for share in units]
 
     def reduce_generation_metrics(self, metrics: dict) -> dict:
         """The engines' numbers over every replica: tokens/s and counters summed, the idle and paused shares

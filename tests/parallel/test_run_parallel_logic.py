@@ -11,6 +11,7 @@ from agentrl.config import ConfigError
 from agentrl.models import load_model
 from agentrl.parallel import ParallelConfig
 from agentrl.parallel.mesh import Mesh
+from agentrl.parallel.replicas import assign
 from agentrl.rollout import PromptIterator
 from agentrl.run.config import TrainConfig
 from agentrl.run.distributed import (GROUP_IDS, ParallelRun, ShardedPromptIterator, combine_train_metrics,
@@ -180,3 +181,21 @@ def test_compiled_layers_under_tensor_parallelism_are_a_config_error():
     with pytest.raises(ConfigError, match="model.compile_layers"):
         TrainConfig.from_dict({"parallel": {"tp_size": 2}, "model": {"compile_layers": True}})
     assert TrainConfig.from_dict({"parallel": {"tp_size": 2}}).parallel == ParallelConfig(tp_size=2)
+
+
+def test_a_prefix_sharing_trainer_gets_whole_groups_per_replica():
+    from types import SimpleNamespace
+
+    mesh = Mesh(rank=0, world_size=2, local_rank=0, tp_size=1, n_replicas=2, tp_rank=0, replica=0,
+                device=torch.device("cpu"))
+    run = ParallelRun.__new__(ParallelRun)
+    run.mesh = mesh
+    samples = [SimpleNamespace(group_id=g) for g in (0, 0, 1, 1, 1, 2, 2, None)]
+    lengths = [10, 12, 30, 30, 31, 5, 6, 40]
+    shares = run._share_out(samples, lengths, SimpleNamespace(share_prefix=True))
+    assert sorted(i for s in shares for i in s) == list(range(8))
+    for share in shares:  # no group is split
+        groups = {samples[i].group_id for i in share}
+        assert all({j for j, s in enumerate(samples) if s.group_id == g} <= set(share) for g in groups if g is not None)
+    # Without sharing, samples are placed one by one (the Σ L² assignment of single samples).
+    assert run._share_out(samples, lengths, SimpleNamespace(share_prefix=False)) == assign(lengths, 2)
