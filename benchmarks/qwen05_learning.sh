@@ -10,7 +10,7 @@ DATA=${DATA:-../shared/data}
 OUT=${OUT:-runs/qwen05}
 # The eval's turn budgets are the recipe's, so before and after are measured as the policy trains.
 CONFIG=examples/train_hotpotqa_search_qwen05.yaml MODEL=$MODEL OUT=$OUT/hotpotqa TRAIN_SECONDS=${HOTPOT_SECONDS:-240} \
-  EVAL="--data $DATA/hotpotqa/dev.jsonl --limit 738 --max-turns 4 --max-new-tokens 256 --rollouts-in-flight 128" \
+  EVAL="--data $DATA/hotpotqa/dev.jsonl --env-arg few_shot=1 --env-arg search_bonus=0.1 --limit 738 --max-turns 4 --max-new-tokens 256 --rollouts-in-flight 128" \
   bash benchmarks/learning.sh --env.data="$DATA/hotpotqa/train.jsonl"
 [ "${GSM8K_SECONDS:-120}" = 0 ] && exit 0
 CONFIG=examples/train_gsm8k_math_qwen05.yaml MODEL=$MODEL OUT=$OUT/gsm8k TRAIN_SECONDS=${GSM8K_SECONDS:-120} \
