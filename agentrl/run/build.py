@@ -71,26 +71,47 @@ def load_env_and_data(cfg: EnvConfig, split: str, limit: int | None = None) -> t
 
 
 def load_policy(cfg: ModelConfig, device: str, *, training: bool):
-    """The model (in the config's dtype, on `device`) and its tokenizer; for training, in train mode with the
-    training forward's attention and its layers compiled if asked."""
+    """The model (in the config's dtype, on `device`) and its tokenizer, for generation only (training: see
+    `load_trainable_policy`)."""
     dtype = (torch.bfloat16 if device == "cuda" else torch.float32) if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
     model, tokenizer = models.load_model(cfg.name, dtype=dtype, device=device)
     if not training:
         model.eval()
         return model, tokenizer
+    model, tokenizer, _ = _trainable(cfg, model, tokenizer, device)
+    return model, tokenizer
+
+
+def load_trainable_policy(cfg: ModelConfig, device: str):
+    """The model in train mode with the training forward's attention, its tokenizer, and whether a hybrid model's
+    packed rows go to varlen kernels (`model.hybrid_varlen` resolved and verified on this model)."""
+    dtype = (torch.bfloat16 if device == "cuda" else torch.float32) if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+    model, tokenizer = models.load_model(cfg.name, dtype=dtype, device=device)
+    return _trainable(cfg, model, tokenizer, device)
+
+
+def _trainable(cfg: ModelConfig, model, tokenizer, device: str):
     check_hybrid_kernels(cfg, model, device)
+    varlen = is_hybrid(model) and hybrid_varlen(cfg, device)
     attn_implementation = attention_implementation(cfg, model, device)
     if attn_implementation:
         model.set_attn_implementation(attn_implementation)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    if is_hybrid(model) and hybrid_varlen(cfg, device):
+    if varlen:
         error = packing_error(model, hybrid_varlen=True)
         if error > 1e-2:  # kernels that ignore sample boundaries differ by whole units, not by rounding
-            raise RuntimeError(f"varlen kernels leak across packed samples (error {error:.3g}); "
-                               "set model.hybrid_varlen=false to use the boundary-respecting path")
-    return model, tokenizer
+            if cfg.hybrid_varlen:
+                raise RuntimeError(f"varlen kernels leak across packed samples (error {error:.3g}); "
+                                   "set model.hybrid_varlen=false to use the boundary-respecting path")
+            # The default: say so and take the exact per-sample path, never rows whose samples leak state.
+            warn(f"the linear-attention kernels here leak state across packed samples (error {error:.3g}); "
+                 "training runs each sample on its own instead (exact, slower)")
+            varlen = False
+            model.set_attn_implementation(attention_implementation(
+                dataclasses.replace(cfg, hybrid_varlen=False), model, device))
+    return model, tokenizer, varlen
 
 
 def hybrid_varlen(cfg: ModelConfig, device: str) -> bool:
@@ -160,7 +181,7 @@ def build_run(cfg: TrainConfig, checkpoint: Path | None | str = "latest", parall
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
     env, dataset = load_env_and_data(cfg.env, split="train")
-    model, tokenizer = load_policy(cfg.model, device, training=True)
+    model, tokenizer, varlen = load_trainable_policy(cfg.model, device)
     if parallel is not None:
         parallel.prepare_model(model)
     fmt = ChatFormat(tokenizer, env.tools())
@@ -174,7 +195,7 @@ def build_run(cfg: TrainConfig, checkpoint: Path | None | str = "latest", parall
     else:
         prompts = PromptIterator(dataset, seed=cfg.seed)
     trainer = Trainer(model, cfg.trainer, cfg.loss, cfg.optim, total_steps=cfg.steps,
-                      temperature=cfg.rollout.temperature, hybrid_varlen=hybrid_varlen(cfg.model, device),
+                      temperature=cfg.rollout.temperature, hybrid_varlen=varlen,
                       pad_token_id=tokenizer.pad_token_id or 0)
     # Several processes alternate generation and training, the engine taking requests in a fixed order: what tp
     # ranks need to step their engines alike.
