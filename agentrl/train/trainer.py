@@ -47,11 +47,15 @@ class Trainer:
         """The step's batch: prefix-shared where enabled and supported, else unshared."""
         if self.share_prefix and not self._tree_checked:
             self._tree_checked = True
-            error = prefix_sharing_error(self.model)
+            try:
+                error, why = prefix_sharing_error(self.model), None
+            except Exception as exc:  # a kernel that cannot run the tree mask here (e.g. fails to compile)
+                error, why = float("inf"), f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             if error > _TREE_ERROR_LIMIT:
                 self.share_prefix = False
-                warnings.warn(f"prefix-shared forward differs from unshared packing on this model and attention "
-                              f"(relative error {error:.3g}); training on unshared packing", stacklevel=2)
+                found = f"failed ({why})" if why else f"differs from unshared packing (relative error {error:.3g})"
+                warnings.warn(f"prefix-shared forward {found} on this model and attention; training on unshared "
+                              f"packing", stacklevel=2)
         cfg = self.config
         pack = pack_shared if self.share_prefix else pack_samples
         return pack(samples, cfg.row_tokens, pad_token_id=self.pad_token_id, pad_to_multiple=self.pad_multiple)
