@@ -47,7 +47,7 @@ def parse_train(argv: list[str], base: dict | None = None):
                                 epilog="Any config key can be set as --section.key=value (e.g. --optim.lr=1e-6).")
     p.add_argument("env", help="environment: a name (hotpotqa_search, gsm8k_math, or one `agentrl envs` lists), "
                                "module:Class, or path/to/file.py:Class")
-    p.add_argument("--model", default=None, help="hub id, local dir, tiny-qwen3, or smollm2-135m-instruct")
+    p.add_argument("--model", default=None, help="hub id, local dir, a .gguf file (or a dir holding one), tiny-qwen3, or smollm2-135m-instruct")
     p.add_argument("--config", default=None, help="YAML file of config sections")
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--data", default=None, help="local json/jsonl path; default: the environment's built-in data")
@@ -79,7 +79,7 @@ def parse_eval(argv: list[str], base: dict | None = None):
                                        "files instead (paired bootstrap over questions; no model).")
     p.add_argument("env", help="environment: a name (hotpotqa_search, gsm8k_math, or one `agentrl envs` lists), "
                                "module:Class, or path/to/file.py:Class")
-    p.add_argument("--model", default=None, help="hub id, local dir, or smollm2-135m-instruct (embedded, default)")
+    p.add_argument("--model", default=None, help="hub id, local dir, a .gguf file (or a dir holding one), or smollm2-135m-instruct (embedded, default)")
     p.add_argument("--data", default=None, help="local json/jsonl path, or 'hub'; default: built-in data")
     p.add_argument("--split", default=None, help="default: dev")
     p.add_argument("--limit", default=None, help="questions to evaluate (default 50; 'none': all)")
