@@ -17,7 +17,9 @@ from agentrl.config import check_types, require
 
 @dataclass
 class ModelConfig:
-    name: str = "smollm2-135m-instruct"  # hub id, local directory, a .gguf file (or a directory holding one), or a name `agentrl.models.load_model` knows
+    # A hub id, a local directory, a .gguf file (or a directory holding one), or a name `agentrl.models.load_model`
+    # knows (the embedded default, the tiny test models).
+    name: str = "smollm2-135m-instruct"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on GPU, float32 on CPU
     # None: sdpa on CPU; on GPU agentrl_varlen (flash varlen attention over one flat row of the real tokens, see
     # agentrl.train.varlen_attention) for bf16/fp16 models, dense or hybrid with hybrid_varlen; else flex_attention
