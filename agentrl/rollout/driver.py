@@ -286,8 +286,9 @@ class RolloutDriver:
         prompt: Prompt = group.prompt
         episode = env.start(prompt.sample)  # its messages start as the prompt
         messages = list(episode.messages)
+        sample_id = prompt.sample.get("id")
         traj = Trajectory(prompt_index=prompt.index, epoch=prompt.epoch, group_id=group.group_id, member=member,
-                          gold=prompt.sample.get("answer"))
+                          gold=prompt.sample.get("answer"), sample_id=None if sample_id is None else str(sample_id))
         traj.append(fmt.prompt_ids(messages), trainable=False)
         traj.prompt_len = len(traj.input_ids)
         self.stats.rollouts_started += 1

@@ -16,6 +16,8 @@ from agentrl.sample import TrainingSample
 @dataclass
 class Trajectory(TrainingSample):
     prompt_index: int = 0
+    # The dataset sample's own id (its "id" field, when it has one): what pairs two evals' records of a question.
+    sample_id: str | None = None
     epoch: int = 0
     member: int = 0  # which rollout of its group
     prompt_len: int = 0

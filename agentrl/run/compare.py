@@ -16,9 +16,10 @@ import numpy as np
 
 from agentrl.env.execute import DELIVERED, WELL_FORMED
 
-# Record fields that name a question, the first that every record of both files carries wins. `prompt_index` is the
-# question's position in the evaluated dataset, so two files match by it only when they evaluated the same data.
-ID_FIELDS = ("id", "prompt_index")
+# Record fields that name a question, the first that every record of both files carries wins: `sample_id` is the
+# dataset sample's own id (eval writes it when the data has one). `prompt_index` is the question's position in the
+# evaluated dataset, so two files match by it only when they evaluated the same data.
+ID_FIELDS = ("sample_id", "id", "prompt_index")
 HEADLINE = ("answer_f1", "answer_em", "correct")  # reward components shown first, where an environment has them
 TOOL_METRICS = ("tool_call_rate", "tool_calls_per_rollout", "tool_error_rate", "mean_turns", "truncated_rate")
 SHOWN_IDS = 10  # excluded question ids listed by name; the rest are counted
@@ -111,7 +112,7 @@ def compare(before_path: str, after_path: str, resamples: int = 10_000, seed: in
     if resamples < 1:
         raise CompareError(f"--resamples {resamples}: must be at least 1")
     before, after = read_results(before_path), read_results(after_path)
-    field = next((f for f in ID_FIELDS if all(f in r for r in before + after)), None)
+    field = next((f for f in ID_FIELDS if all(r.get(f) is not None for r in before + after)), None)
     (qb, gold_b), (qa, gold_a) = _by_question(before, field), _by_question(after, field)
     common = [key for key in qb if key in qa]
     only_before = [key for key in qb if key not in qa]

@@ -172,3 +172,16 @@ def test_compare_imports_no_torch_and_is_fast(tmp_path):
     assert probe_line["seconds"] < 5  # 10,000 resamples of 1,000 questions, vectorised (well under a second alone)
     assert result["n"]["compared"] == 1000
     assert all(row["difference_ci"] == [0.0, 0.0] for row in result["metrics"].values())  # matched by id, not line
+
+
+def test_the_dataset_ids_pair_questions_evaluated_in_another_order(tmp_path):
+    # The after file read the data in another order (another slice or limit): positions differ, the sample ids pair.
+    f1 = [0.1 * i for i in range(8)]
+    before = [trajectory(i, f1[i]) for i in range(8)]
+    after = [trajectory(7 - i, f1[i] + 0.05) for i in range(8)]
+    for t, i in zip(before + after, list(range(8)) * 2):
+        t.sample_id = f"q{i}"
+    result = compare(write(tmp_path / "b.jsonl", before), write(tmp_path / "a.jsonl", after))
+    assert result["matched_by"] == "sample_id"
+    assert result["metrics"]["answer_f1"]["difference_ci"] == pytest.approx([0.05, 0.05], abs=1e-12)
+

@@ -109,6 +109,11 @@ def test_eval_summary_of_a_scripted_tool_user_is_exact(tmp_path, capsys, monkeyp
     assert summary["prefix_cache_hit_share"] > 0.5  # resubmitted turns and the shared system prompt
     records = read_jsonl(out)
     assert len(records) == 4
+    # Each record names its dataset sample, which is what `agentrl eval --compare` pairs questions by.
+    from environments.hotpotqa_search import load_environment
+
+    ids = [s["id"] for s in load_environment().load_dataset(split="dev", limit=4)]
+    assert sorted(r["sample_id"] for r in records) == sorted(ids)
     for record in records:
         check_record(record)
         assert [c["status"] for c in record["tool_calls"]] == ["ok", "ok"]
