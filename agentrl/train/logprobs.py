@@ -28,12 +28,14 @@ and gradient accumulation in fp32; the backward recomputes each chunk's logits i
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 from dataclasses import dataclass
 
 import torch
 
+from agentrl.train.linear_conv import packed_conv_boundaries
 from agentrl.train.pack import PackedBatch
 from agentrl.train.varlen_attention import takes_flat_layout
 
@@ -153,8 +155,9 @@ def _flat_hidden_states(decoder, batch: PackedBatch, pad_multiple: int) -> tuple
     if pad:  # the tail's own positions 0..pad-1; its token ids are never read back
         ids = torch.cat([ids, ids.new_zeros(pad)])
         pos = torch.cat([pos, torch.arange(pad, device=pos.device)])
-    out = decoder(input_ids=ids[None], position_ids=pos[None], use_cache=False,
-                  **_boundaries(layout.cu_seqlens, layout.max_len))
+    with _linear_boundaries(decoder, layout.cu_seqlens):
+        out = decoder(input_ids=ids[None], position_ids=pos[None], use_cache=False,
+                      **_boundaries(layout.cu_seqlens, layout.max_len))
     return out.last_hidden_state[0, :layout.index.shape[0]], layout
 
 
@@ -163,9 +166,15 @@ def _varlen_hidden_states(decoder, batch: PackedBatch) -> torch.Tensor:
     n_rows, width = batch.input_ids.shape
     cu = batch.flat_cu_seqlens().to(batch.input_ids.device)
     max_len = int((cu[1:] - cu[:-1]).max())
-    out = decoder(input_ids=batch.input_ids.reshape(1, -1), position_ids=batch.position_ids.reshape(1, -1),
-                  use_cache=False, **_boundaries(cu, max_len))
+    with _linear_boundaries(decoder, cu):
+        out = decoder(input_ids=batch.input_ids.reshape(1, -1), position_ids=batch.position_ids.reshape(1, -1),
+                      use_cache=False, **_boundaries(cu, max_len))
     return out.last_hidden_state.reshape(n_rows, width, -1)
+
+
+def _linear_boundaries(decoder, cu_seqlens: torch.Tensor):
+    """Hybrid models: their linear-attention convolutions kept within the samples (`linear_conv`)."""
+    return packed_conv_boundaries(decoder, cu_seqlens) if is_hybrid(decoder) else contextlib.nullcontext()
 
 
 def _per_sample_hidden_states(decoder, batch: PackedBatch) -> torch.Tensor:

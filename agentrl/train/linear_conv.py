@@ -1,0 +1,74 @@
+"""Sample boundaries for the short causal convolution of linear-attention layers in a packed row.
+
+A hybrid model's gated-delta-net layer runs a depthwise causal convolution (a window of `kernel` positions) before
+its delta rule. In a packed row, the first `kernel - 1` positions of a sample would read the end of the sample
+before it. flash-linear-attention's delta rule takes the boundaries (`cu_seqlens`), but transformers calls its
+convolution through `causal_conv1d_fn`, whose PyTorch fallback (used whenever the `causal-conv1d` package is absent)
+ignores them, and the package's own kernel takes `seq_idx`, not `cu_seqlens`. So while a packed forward runs,
+`packed_conv_boundaries` replaces that function in the model's modeling module with one that spreads the samples
+apart by `kernel - 1` zeros, runs the original convolution, and gathers the real positions back: each output then
+reads only its own sample (and zeros before it, as a sample run alone does), whatever kernel computes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+
+import torch
+
+_CU_SEQLENS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("agentrl_conv_cu_seqlens",
+                                                                                 default=None)
+_MARK = "_agentrl_boundary_conv"
+
+
+def spread_index(cu_seqlens: torch.Tensor, length: int, gap: int) -> torch.Tensor:
+    """Where each of the row's `length` positions goes once every segment is preceded by `gap` zeros."""
+    bounds = cu_seqlens.to(torch.long)
+    segment = torch.bucketize(torch.arange(length, device=bounds.device), bounds[1:], right=True)
+    return torch.arange(length, device=bounds.device) + (segment + 1) * gap
+
+
+def _boundary_conv(conv):
+    def conv_within_samples(hidden_states: torch.Tensor, weight, bias=None, activation=None, **kwargs):
+        cu = _CU_SEQLENS.get()
+        batch, channels, length = hidden_states.shape
+        if cu is None or batch != 1 or int(cu[-1]) != length:
+            return conv(hidden_states, weight, bias, activation, **kwargs)
+        gap = weight.shape[-1] - 1
+        index = spread_index(cu, length, gap)
+        spread = hidden_states.new_zeros(1, channels, length + (cu.numel() - 1) * gap)
+        spread[..., index] = hidden_states
+        return conv(spread, weight, bias, activation, **kwargs)[..., index]
+
+    setattr(conv_within_samples, _MARK, True)
+    return conv_within_samples
+
+
+def _modeling_modules(model) -> list:
+    """The modules defining `causal_conv1d_fn` that the model's linear-attention layers call."""
+    found = []
+    for layer in model.modules():
+        module = sys.modules.get(type(layer).__module__)
+        if hasattr(layer, "conv1d") and hasattr(module, "causal_conv1d_fn") and module not in found:
+            found.append(module)
+    return found
+
+
+@contextlib.contextmanager
+def packed_conv_boundaries(model, cu_seqlens: torch.Tensor):
+    """While active, the linear-attention convolutions of `model` stay within the samples `cu_seqlens` bounds
+    (the cumulative boundaries of one flat row, `[0, n1, n1 + n2, ..., length]`)."""
+    patched = []
+    for module in _modeling_modules(model):
+        if not getattr(module.causal_conv1d_fn, _MARK, False):
+            patched.append((module, module.causal_conv1d_fn))
+            module.causal_conv1d_fn = _boundary_conv(module.causal_conv1d_fn)
+    token = _CU_SEQLENS.set(cu_seqlens)
+    try:
+        yield
+    finally:
+        _CU_SEQLENS.reset(token)
+        for module, original in reversed(patched):
+            module.causal_conv1d_fn = original

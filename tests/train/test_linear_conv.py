@@ -1,0 +1,71 @@
+"""Packed hybrid rows: the linear-attention convolution stays within each sample (agentrl.train.linear_conv), so
+a packed varlen forward equals running every sample alone once the delta rule takes the boundaries too."""
+
+import contextlib
+import sys
+
+import pytest
+import torch
+
+import agentrl.train.logprobs as logprobs
+from agentrl.models import load_model
+from agentrl.train.linear_conv import packed_conv_boundaries, spread_index
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    return load_model("tiny-qwen3.5")[0]
+
+
+def _gdn(model):
+    return next(m for m in model.modules() if hasattr(m, "conv1d") and hasattr(m, "in_proj_qkv"))
+
+
+def test_spread_index_leaves_a_gap_before_every_sample():
+    cu = torch.tensor([0, 3, 5, 6])
+    assert spread_index(cu, 6, 2).tolist() == [2, 3, 4, 7, 8, 11]
+
+
+def test_the_packed_convolution_equals_each_sample_alone(hybrid):
+    layer = _gdn(hybrid)
+    modeling = sys.modules[type(layer).__module__]
+    weight, bias = layer.conv1d.weight.squeeze(1), layer.conv1d.bias
+    lengths = [7, 5, 1, 3]
+    cu = torch.tensor([0, 7, 12, 13, 16], dtype=torch.int32)
+    x = torch.randn(1, weight.shape[0], sum(lengths), generator=torch.Generator().manual_seed(0))
+    alone = torch.cat([modeling.causal_conv1d_fn(part, weight, bias, activation=layer.activation)
+                       for part in x.split(lengths, dim=-1)], dim=-1)
+    with packed_conv_boundaries(hybrid, cu):
+        packed = modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
+    assert torch.equal(packed, alone)
+    # Outside the context the function is the model's own again, and it reads across the seams.
+    leaky = modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
+    assert not getattr(modeling.causal_conv1d_fn, "_agentrl_boundary_conv", False)
+    assert (leaky - alone).abs().max() > 1e-3
+
+
+def _delta_rule_within_samples(rule):
+    # Stands in for flash-linear-attention's kernel, which honours cu_seqlens (the torch fallback does not).
+    def within(query, key, value, g, beta, cu_seqlens=None, **kwargs):
+        if cu_seqlens is None:
+            return rule(query, key, value, g=g, beta=beta, **kwargs)
+        outs = []
+        for s, e in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
+            outs.append(rule(query[:, s:e], key[:, s:e], value[:, s:e], g=g[:, s:e], beta=beta[:, s:e], **kwargs)[0])
+        return torch.cat(outs, dim=1), None
+    return within
+
+
+@pytest.mark.parametrize("boundaries", [True, False], ids=["conv within samples", "conv across samples"])
+def test_packed_varlen_forward_equals_per_sample_with_the_boundary_conv(hybrid, monkeypatch, boundaries):
+    modeling = sys.modules[type(_gdn(hybrid)).__module__]
+    monkeypatch.setattr(modeling, "torch_chunk_gated_delta_rule",
+                        _delta_rule_within_samples(modeling.torch_chunk_gated_delta_rule))
+    monkeypatch.setattr(logprobs, "varlen_kernels_installed", lambda: True)
+    if not boundaries:
+        monkeypatch.setattr(logprobs, "packed_conv_boundaries", lambda model, cu: contextlib.nullcontext())
+    error = logprobs.packing_error(hybrid, hybrid_varlen=True)
+    if boundaries:
+        assert error < 1e-5
+    else:  # what the run's check saw on the GPU: a delta rule with boundaries is not enough
+        assert error > 1e-2
