@@ -71,23 +71,24 @@ def load_env_and_data(cfg: EnvConfig, split: str, limit: int | None = None) -> t
 
 
 def load_policy(cfg: ModelConfig, device: str, *, training: bool):
-    """The model (in the config's dtype, on `device`) and its tokenizer, for generation only (training: see
-    `load_trainable_policy`)."""
-    dtype = (torch.bfloat16 if device == "cuda" else torch.float32) if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
-    model, tokenizer = models.load_model(cfg.name, dtype=dtype, device=device)
-    if not training:
-        model.eval()
-        return model, tokenizer
-    model, tokenizer, _ = _trainable(cfg, model, tokenizer, device)
+    """The model (in the config's dtype, on `device`) and its tokenizer; for training as `load_trainable_policy`."""
+    if training:
+        return load_trainable_policy(cfg, device)[:2]
+    model, tokenizer = _load(cfg, device)
+    model.eval()
     return model, tokenizer
 
 
 def load_trainable_policy(cfg: ModelConfig, device: str):
     """The model in train mode with the training forward's attention, its tokenizer, and whether a hybrid model's
     packed rows go to varlen kernels (`model.hybrid_varlen` resolved and verified on this model)."""
-    dtype = (torch.bfloat16 if device == "cuda" else torch.float32) if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
-    model, tokenizer = models.load_model(cfg.name, dtype=dtype, device=device)
+    model, tokenizer = _load(cfg, device)
     return _trainable(cfg, model, tokenizer, device)
+
+
+def _load(cfg: ModelConfig, device: str):
+    dtype = (torch.bfloat16 if device == "cuda" else torch.float32) if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+    return models.load_model(cfg.name, dtype=dtype, device=device)
 
 
 def _trainable(cfg: ModelConfig, model, tokenizer, device: str):
