@@ -8,29 +8,13 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from types import SimpleNamespace
-
-import pytest
 
 from agentrl.chat import ChatFormat, parse_tool_calls
-from agentrl.env import function_schema
 from agentrl.tokenizer import byte_tokenizer
+from tests.chat.test_chat_template import PROMPT, TOOLS
 
 QWEN25 = (Path(__file__).parent / "qwen2.5_chat_template.jinja").read_text()
 IM_END = 258
-
-
-def search(query: str, k: int = 3) -> str:
-    """Search the corpus.
-
-    Args:
-        query: words to look for.
-        k: number of results.
-    """
-
-
-TOOLS = [function_schema(search)]
-PROMPT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Capital of France?"}]
 
 
 def qwen_tokenizer():

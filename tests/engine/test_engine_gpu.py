@@ -74,12 +74,7 @@ def test_graph_replay_reads_parameters_updated_in_place():
     before = engine.generate(prompts, greedy)
     captures = engine.stats.graph_captures
     assert captures > 0
-    with engine.pause():
-        g = torch.Generator(device="cuda").manual_seed(1)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=g, device="cuda") * 0.05)
-        engine.bump_version()
+    perturb_in_place(model, engine)
     after = engine.generate(prompts, greedy)
     eager = Engine(model, EngineConfig(**config, cuda_graphs=False)).generate(prompts, greedy)
     assert engine.stats.graph_captures == captures and engine.stats.mixed_graph_steps > 0
@@ -105,12 +100,7 @@ def test_hybrid_decode_graphs_match_hf_generate_across_an_in_place_update():
     assert [o.token_ids for o in before] == [hf_greedy(model, p, greedy.max_new_tokens) for p in prompts]
     captures = engine.stats.graph_captures
     assert captures == len(engine.graphs.buckets) and engine.stats.graph_steps > 0
-    with engine.pause():
-        g = torch.Generator(device="cuda").manual_seed(1)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=g, device="cuda") * 0.05)
-        engine.bump_version()
+    perturb_in_place(model, engine)
     outs = two_turns(engine, prompts, greedy, tools)
     contexts = prompts + [p + o.token_ids + t for p, o, t in zip(prompts, outs, tools)]
     assert [o.token_ids for o in outs] == [hf_greedy(model, c, greedy.max_new_tokens) for c in contexts]
@@ -145,3 +135,13 @@ def test_graphs_survive_release_to_a_new_address():
             assert engine.storage.kv.data_ptr() != held[-1].data_ptr()
     assert [done[i].token_ids for i in ids] == [o.token_ids for o in reference]
     assert engine.stats.graph_captures > len(engine.graphs.buckets)
+
+
+def perturb_in_place(model, engine) -> None:
+    """Every parameter moved in place (the optimizer's way: same storage), then the engine told of a new version."""
+    with engine.pause():
+        g = torch.Generator(device="cuda").manual_seed(1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g, device="cuda") * 0.05)
+        engine.bump_version()
