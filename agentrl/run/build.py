@@ -70,10 +70,8 @@ def load_env_and_data(cfg: EnvConfig, split: str, limit: int | None = None) -> t
     return env, cfg.rows(list(env.load_dataset(split=split, path=cfg.data, limit=cfg.load_limit(limit))), limit)
 
 
-def load_policy(cfg: ModelConfig, device: str, *, training: bool):
-    """The model (in the config's dtype, on `device`) and its tokenizer; for training as `load_trainable_policy`."""
-    if training:
-        return load_trainable_policy(cfg, device)[:2]
+def load_policy(cfg: ModelConfig, device: str):
+    """The model (in the config's dtype, on `device`, in eval mode) and its tokenizer, for generation alone."""
     model, tokenizer = _load(cfg, device)
     model.eval()
     return model, tokenizer

@@ -17,7 +17,7 @@ HEADLINE = {"answer_f1": ("answer_f1",), "answer_em": ("answer_em",), "accuracy"
 
 def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     env, dataset = load_env_and_data(config.env, split=config.split, limit=config.limit)
-    model, tokenizer = load_policy(config.model, config.device or default_device(), training=False)
+    model, tokenizer = load_policy(config.model, config.device or default_device())
     fmt = ChatFormat(tokenizer, env.tools())
     engine = make_engine(model, tokenizer, fmt, config.engine, config.rollout, config.seed, training=False)
     prompts = PromptIterator(dataset, shuffle=False, max_epochs=1)

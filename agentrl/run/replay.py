@@ -157,7 +157,7 @@ def _replay_turns(cfg, run_dir: Path, record: dict) -> list[TurnDiff]:
         version = next((v for v in turn["versions"] if v >= 0), 0)
         if version not in loaded:
             torch.manual_seed(cfg.seed)  # the initial weights, as the run built them
-            model, tokenizer = load_policy(cfg.model, device, training=False)
+            model, tokenizer = load_policy(cfg.model, device)
             checkpoint = _checkpoint_of(run_dir, version)
             if checkpoint is not None:
                 load_checkpoint(checkpoint, model, restore_rng=False)
