@@ -14,6 +14,17 @@ Per step (`plan`), each sequence's part of the packed row is either
 - a chunk (a prompt, or a continuation after a cached prefix): the conv and the chunked delta rule for that
   sequence alone, from zero state if it starts at position 0.
 
+Varlen kernels (CUDA with flash-linear-attention, `varlen_kernels`): all the chunks of a step instead run as one
+varlen call of fla's chunked delta rule, `cu_seqlens` marking the chunks, their initial states gathered from
+their slots (zeroed first for those starting at position 0) and final states scattered back, and one depthwise
+conv over the chunks laid end to end, each after its slot's window. A chunk split at a page boundary takes
+two calls: the first runs every chunk up to its split (or whole), the second the rest of the split chunks
+from the states the first ended with, so the snapshot is still the state at the boundary. Every index of
+that layout is built on the host in `plan` and travels in the step's one upload; fla's own chunk indices are
+passed too, so the kernels read no boundary back to the host. Decode rows go to fla's fused recurrent kernel,
+which takes one initial state per row: the gather, kernel and scatter stay capturable. Without CUDA or fla,
+the per-sequence path above runs: the CPU path, and the reference the varlen one is tested against.
+
 Prefix-cache resume points (`state_snapshots.py`): the state at the deepest page boundary a step reaches
 for a sequence is copied into a snapshot attached to the page that ends there. A chunk that crosses that
 boundary runs the delta rule in two pieces split at it, so the snapshot is the state *at* the boundary; a
@@ -22,8 +33,9 @@ starts from the snapshot of its deepest one, copied into its slot before the for
 depend only on positions, so the same prompt is computed the same way whether or not the cache is on.
 
 The view's linear-attention modules get this forward instead of transformers' own, which reads its state
-from a Cache object over a padded batch; the math functions (conv, chunked / recurrent delta rule, gated
-norm) are still the model's own, so a fused kernel registered for them is what runs.
+from a Cache object over a padded batch; on the per-sequence path the math functions (conv, chunked / recurrent
+delta rule, gated norm) are still the model's own, so a fused kernel registered for them is what runs
+(transformers resolves its `torch_*_gated_delta_rule` names to fla's kernels where fla is installed).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from __future__ import annotations
 import sys
 import types
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -38,6 +51,30 @@ import torch.nn.functional as F
 
 _REQUIRED = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "A_log", "dt_bias", "norm", "out_proj",
              "key_dim", "value_dim", "head_k_dim", "head_v_dim", "conv_kernel_size", "activation")
+
+
+@dataclass(frozen=True)
+class VarlenKernels:
+    """Gated delta rule kernels with fla's signatures: `chunk(q, k, v, g, beta, initial_state=, output_final_state=,
+    use_qk_l2norm_in_kernel=, cu_seqlens=, chunk_indices=)` over the segments of one flat row, and
+    `recurrent(...)` (the same without boundaries) over a batch of single tokens."""
+
+    chunk: Callable
+    recurrent: Callable
+
+
+FLA_CHUNK_SIZE = 64  # the chunk size of fla's chunked delta rule: `chunk_indices` number these chunks
+
+
+def varlen_kernels(device: torch.device) -> VarlenKernels | None:
+    """flash-linear-attention's kernels where they run (CUDA, package installed), else None."""
+    if device.type != "cuda":
+        return None
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except ImportError:
+        return None
+    return VarlenKernels(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule)
 
 
 class LinearStates:
@@ -70,6 +107,8 @@ class LinearStates:
         self.position = {idx: i for i, idx in enumerate(self.layers)}  # layer_idx -> its row in the state tensors
         p = next(iter(self.modules.values())).in_proj_qkv.weight
         self.device, self.dtype = p.device, p.dtype
+        # None: the per-sequence path. Settable, so a test or benchmark can run one engine on each path.
+        self.kernels = varlen_kernels(self.device)
         self.num_slots = num_slots
         self.scratch = num_slots
         self.conv, self.recurrent = self.allocate(num_slots + 1)
@@ -126,6 +165,8 @@ class LinearStates:
             if snap >= 0 and not split:
                 plan.saves.append((slot, snap))
             row += n
+        if self.kernels is not None and plan.chunks:
+            plan.varlen = varlen_layout(plan.chunks, self.conv_shape[1])
         return plan
 
     def static_plan(self, slots: torch.Tensor) -> "StepPlan":
@@ -157,7 +198,11 @@ class LinearStates:
 
     # -- copies around a step ----------------------------------------------------------------------
     def before(self, plan: "StepPlan") -> None:
-        """Restore the slots of sequences resuming from a snapshot (device indices from the step's upload)."""
+        """Restore the slots of sequences resuming from a snapshot (device indices from the step's upload); on the
+        varlen path, zero the slots of chunks starting at position 0, which then continue from them like any other."""
+        if "lin_fresh" in plan.dev:
+            self.conv.index_fill_(1, plan.dev["lin_fresh"], 0)
+            self.recurrent.index_fill_(1, plan.dev["lin_fresh"], 0)
         if plan.restores:
             snaps, slots = plan.dev["lin_restore"].view(2, -1)
             self.conv.index_copy_(1, slots, plan.snapshots.conv.index_select(1, snaps))
@@ -204,6 +249,7 @@ class StepPlan:
     restores: list[tuple[int, int]] = field(default_factory=list)  # (snapshot, slot)
     saves: list[tuple[int, int]] = field(default_factory=list)  # (slot, snapshot)
     dev: dict = field(default_factory=dict)
+    varlen: "VarlenLayout | None" = None  # the chunks' layout for the varlen kernels; None: per-sequence path
     num_singles: int = 0
     single_slots_dev: torch.Tensor | None = None
     single_rows_dev: torch.Tensor | None = None  # None: the singles are rows 0 .. num_singles - 1
@@ -219,6 +265,8 @@ class StepPlan:
             out["lin_restore"] = np.array(self.restores, dtype=np.int64).T.reshape(-1)
         if self.saves:
             out["lin_save"] = np.array(self.saves, dtype=np.int64).T.reshape(-1)
+        if self.varlen is not None:
+            out.update(self.varlen.parts)
         return out
 
     def bind(self, dev: dict[str, torch.Tensor]) -> None:
@@ -228,6 +276,64 @@ class StepPlan:
         if self.num_singles:
             self.single_slots_dev = dev["lin_slots"]
             self.single_rows_dev = dev.get("lin_rows")
+
+
+@dataclass
+class VarlenLayout:
+    """Where a step's chunks go for the varlen kernels (host arrays named `lin_*`, uploaded with the step).
+
+    The chunks' tokens are taken in chunk order ("chunk-major": the rows `lin_chunk_rows`). The conv input `x` lays the
+    chunks end to end, each after the `width` columns of its slot's window: `lin_x_win` are those columns,
+    `lin_x_tok` the tokens', `lin_x_tail` the last `width` of each block (the window the slot keeps) and
+    `lin_x_snap` the `width` before a split that writes a snapshot. The delta rule's first call runs the chunk-major
+    positions `lin_p1` (absent: all of them) as segments `lin_cu1`; its second, where chunks are split, `lin_p2`
+    as `lin_cu2`, from the first call's final states of the chunks `lin_split`. `lin_ci*` are fla's chunk indices
+    of those segments, `(segment, chunk within it)` pairs."""
+
+    parts: dict[str, np.ndarray]
+    x_width: int
+    tokens: int
+
+
+def _segments(lengths) -> tuple[np.ndarray, np.ndarray]:
+    """cu_seqlens of segments of `lengths` tokens, and fla's chunk indices of them (flattened `[NT, 2]`)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    counts = -(-lengths // FLA_CHUNK_SIZE)
+    seg = np.repeat(np.arange(len(lengths)), counts)
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.concatenate([[0], np.cumsum(lengths)]), np.stack([seg, within], 1).reshape(-1)
+
+
+def _spans(starts, lengths) -> np.ndarray:
+    return np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)]).astype(np.int64)
+
+
+def varlen_layout(chunks: list[Chunk], width: int) -> VarlenLayout:
+    lens = np.array([c.length for c in chunks], dtype=np.int64)
+    first = np.array([c.split or c.length for c in chunks], dtype=np.int64)
+    base = np.cumsum(lens) - lens  # each chunk's start in chunk-major order
+    xoff = np.cumsum(lens + width) - (lens + width)  # each block's start in the conv input
+    cols = np.arange(width)
+    parts = {"lin_chunk_rows": _spans([c.row for c in chunks], lens),
+             "lin_chunk_slots": np.array([c.slot for c in chunks], dtype=np.int64),
+             "lin_x_win": (xoff[:, None] + cols).reshape(-1), "lin_x_tok": _spans(xoff + width, lens),
+             "lin_x_tail": ((xoff + lens)[:, None] + cols).reshape(-1)}
+    fresh = [c.slot for c in chunks if c.fresh]
+    if fresh:
+        parts["lin_fresh"] = np.array(fresh, dtype=np.int64)
+    parts["lin_cu1"], parts["lin_ci1"] = _segments(first)
+    split = np.array([i for i, c in enumerate(chunks) if c.split], dtype=np.int64)
+    if split.size:
+        parts["lin_p1"] = _spans(base, first)
+        parts["lin_p2"] = _spans(base[split] + first[split], lens[split] - first[split])
+        parts["lin_cu2"], parts["lin_ci2"] = _segments(lens[split] - first[split])
+        parts["lin_split"] = split
+        snaps = np.array([i for i in split if chunks[i].snap >= 0], dtype=np.int64)
+        if snaps.size:
+            parts["lin_snap_chunks"] = snaps
+            parts["lin_snap_ids"] = np.array([chunks[i].snap for i in snaps], dtype=np.int64)
+            parts["lin_x_snap"] = ((xoff[snaps] + first[snaps])[:, None] + cols).reshape(-1)
+    return VarlenLayout(parts, int((lens + width).sum()), int(lens.sum()))
 
 
 def _packed_forward(self, hidden_states, *args, **kwargs):
@@ -244,22 +350,27 @@ def _packed_forward(self, hidden_states, *args, **kwargs):
     states = plan.states
     layer = states.position[self.layer_idx]
     conv_states, rec_states = states.conv[layer], states.recurrent[layer]
+    kernels = states.kernels
+    rule = kernels.recurrent if kernels is not None else impl.torch_recurrent_gated_delta_rule
     if plan.num_singles == total:  # every row a decode: the graph path, and most eager steps
-        core = _decode_rows(self, impl, mixed, g, beta, conv_states, rec_states, plan.single_slots_dev)
+        core = _decode_rows(self, rule, mixed, g, beta, conv_states, rec_states, plan.single_slots_dev)
     else:
         core = mixed.new_empty(total, self.value_dim // self.head_v_dim, self.head_v_dim)
         if plan.num_singles:
             rows = plan.single_rows_dev
             if rows is None:
                 n = plan.num_singles
-                core[:n] = _decode_rows(self, impl, mixed[:n], g[:n], beta[:n], conv_states, rec_states,
+                core[:n] = _decode_rows(self, rule, mixed[:n], g[:n], beta[:n], conv_states, rec_states,
                                         plan.single_slots_dev)
             else:
                 core.index_copy_(0, rows, _decode_rows(
-                    self, impl, mixed.index_select(0, rows), g.index_select(0, rows), beta.index_select(0, rows),
+                    self, rule, mixed.index_select(0, rows), g.index_select(0, rows), beta.index_select(0, rows),
                     conv_states, rec_states, plan.single_slots_dev))
+        if plan.varlen is not None:
+            core.index_copy_(0, plan.dev["lin_chunk_rows"], _varlen_chunks(self, kernels, mixed, g, beta, conv_states,
+                                                                     rec_states, plan, layer))
         snapshots = plan.snapshots
-        for chunk in plan.chunks:
+        for chunk in plan.chunks if plan.varlen is None else ():
             snap_conv = snap_rec = None
             if chunk.snap >= 0:
                 snap_conv, snap_rec = snapshots.conv[layer, chunk.snap], snapshots.recurrent[layer, chunk.snap]
@@ -282,10 +393,11 @@ def _qkv(self, y: torch.Tensor, batch: int, n: int):
     return q, k, v
 
 
-def _decode_rows(self, impl, mixed, g, beta, conv_states, rec_states, slots):
+def _decode_rows(self, rule, mixed, g, beta, conv_states, rec_states, slots):
     """One token for each of `len(slots)` sequences, each continuing from its slot: the conv window and the
-    single-token delta rule over the whole batch, state gathered by slot and scattered back. Rows are
-    independent, so a row's result does not depend on the batch it runs in."""
+    single-token delta rule `rule` (recurrent form, one initial state per row) over the whole batch, state
+    gathered by slot and scattered back. Rows are independent, so a row's result does not depend on the batch it
+    runs in."""
     from transformers.activations import ACT2FN
 
     b = mixed.shape[0]
@@ -294,7 +406,7 @@ def _decode_rows(self, impl, mixed, g, beta, conv_states, rec_states, slots):
     y = F.conv1d(window, self.conv1d.weight, self.conv1d.bias, groups=window.shape[1])  # [B, C, 1]
     y = ACT2FN[self.activation](y).transpose(1, 2)  # [B, 1, C]
     q, k, v = _qkv(self, y, b, 1)
-    out, final = impl.torch_recurrent_gated_delta_rule(
+    out, final = rule(
         q, k, v, g=g[:, None], beta=beta[:, None], initial_state=rec_states.index_select(0, slots),
         output_final_state=True, use_qk_l2norm_in_kernel=True)
     rec_states.index_copy_(0, slots, final.to(rec_states.dtype))
@@ -328,3 +440,48 @@ def _chunk_rows(self, impl, mixed, g, beta, conv_states, rec_states, chunk: Chun
         outs.append(out[0])
     rec_states[slot] = state[0].to(rec_states.dtype)
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+def _windows(x: torch.Tensor, columns: torch.Tensor, width: int) -> torch.Tensor:
+    """`[n, channels, width]` conv windows read from the columns of `x` (`n` windows of `width` columns each)."""
+    return x.index_select(1, columns).view(x.shape[0], -1, width).transpose(0, 1)
+
+
+def _varlen_chunks(self, kernels: VarlenKernels, mixed, g, beta, conv_states, rec_states, plan: StepPlan, layer: int):
+    """Every chunk of the step through the varlen kernels (`VarlenLayout`): core rows `[tokens, Hv, Dv]` in
+    chunk-major order. Fresh chunks' slots were zeroed before the forward (`LinearStates.before`)."""
+    from transformers.activations import ACT2FN
+
+    d, width, channels = plan.dev, self.conv_kernel_size - 1, mixed.shape[1]
+    slots, tokens = d["lin_chunk_slots"], plan.varlen.tokens
+    x = mixed.new_empty(channels, plan.varlen.x_width)
+    windows = conv_states.index_select(0, slots).to(x.dtype)  # [chunks, C, width]
+    x.index_copy_(1, d["lin_x_win"], windows.transpose(0, 1).reshape(channels, -1))
+    x.index_copy_(1, d["lin_x_tok"], mixed.index_select(0, d["lin_chunk_rows"]).t())
+    conv_states.index_copy_(0, slots, _windows(x, d["lin_x_tail"], width).to(conv_states.dtype))
+    if "lin_snap_ids" in d:
+        plan.snapshots.conv[layer].index_copy_(0, d["lin_snap_ids"], _windows(x, d["lin_x_snap"], width))
+    # A valid conv over the blocks: output j reads x[j : j + kernel], so a token's output sits `width` before it.
+    y = F.conv1d(x[None], self.conv1d.weight, self.conv1d.bias, groups=channels)[0]
+    y = ACT2FN[self.activation](y.index_select(1, d["lin_x_tok"] - width)).t()[None]  # [1, tokens, C]
+    q, k, v = _qkv(self, y, 1, tokens)
+    g, beta = g.index_select(0, d["lin_chunk_rows"])[None], beta.index_select(0, d["lin_chunk_rows"])[None]
+
+    def rule(p, state, cu, ci):
+        pick = (lambda t: t) if p is None else (lambda t: t.index_select(1, p))
+        return kernels.chunk(pick(q), pick(k), pick(v), g=pick(g), beta=pick(beta), initial_state=state,
+                             output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                             chunk_indices=ci.view(-1, 2))
+
+    out, final = rule(d.get("lin_p1"), rec_states.index_select(0, slots), d["lin_cu1"], d["lin_ci1"])
+    out = out[0]
+    if "lin_p2" in d:  # split chunks: the rest of each from the state at its page boundary
+        if "lin_snap_ids" in d:
+            at_split = final.index_select(0, d["lin_snap_chunks"])
+            plan.snapshots.recurrent[layer].index_copy_(0, d["lin_snap_ids"], at_split)
+        rest, last = rule(d["lin_p2"], final.index_select(0, d["lin_split"]), d["lin_cu2"], d["lin_ci2"])
+        out = out.new_empty(tokens, *out.shape[1:]).index_copy_(0, d["lin_p1"], out)
+        out.index_copy_(0, d["lin_p2"], rest[0])
+        final = final.index_copy(0, d["lin_split"], last)
+    rec_states.index_copy_(0, slots, final.to(rec_states.dtype))
+    return out

@@ -41,8 +41,8 @@ def test_batched_decode_equals_each_sequence_alone_bit_for_bit(model):
                                                                                 + module.dt_bias)
             states.conv.copy_(start[0])
             states.recurrent.copy_(start[1])
-            batched = _decode_rows(module, impl, mixed, decay, beta, states.conv[layer], states.recurrent[layer],
-                                   torch.tensor(slots))
+            batched = _decode_rows(module, impl.torch_recurrent_gated_delta_rule, mixed, decay, beta,
+                                   states.conv[layer], states.recurrent[layer], torch.tensor(slots))
             after = states.conv.clone(), states.recurrent.clone()
             states.conv.copy_(start[0])
             states.recurrent.copy_(start[1])

@@ -24,10 +24,11 @@ def model():
 
 
 def assert_same(got, ref):
-    """Same tokens, logprobs within 1e-5: a resumed sequence's state comes from decode steps (the delta rule's
-    recurrent form) where the cache-off engine recomputes the history with the chunked form."""
+    """Same tokens, logprobs within 3e-5: a resumed sequence's state comes from decode steps (the delta rule's
+    recurrent form) where the cache-off engine recomputes the history with the chunked form (the eviction test
+    measured 1.15e-5 on CPU torch 2.13; a state restored from the wrong page differs by whole units)."""
     assert got.token_ids == ref.token_ids
-    torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(ref.logprobs), atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(ref.logprobs), atol=3e-5, rtol=0)
 
 
 def conversation(engine, context, turns, sampling=GREEDY):
