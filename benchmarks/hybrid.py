@@ -16,7 +16,8 @@ each head rotated) and the eos/pad ids do not change any figure here.
    context prompt + new / 2; tokens/s <= batch x bandwidth / bytes per step) plus what a delta net adds: each
    sequence's state read and written every step, the conv window (kernel - 1 inputs, model dtype) and the fp32
    recurrent matrix of every value head. Bandwidth: the H200's 4.8 TB/s (the measured copy bandwidth is printed
-   beside it). Goals: >= 40% of the roofline, >= 8x `generate`.
+   beside it). tok/s = tokens generated / the whole timed pass, its prefill included, as in engine.py. Goals:
+   >= 40% of the roofline, >= 8x `generate`.
 2. Turn-2 prefill, mirroring engine.py's multi-turn case: N conversations of a 1024-token prompt -> 64 tokens, then
    the whole history + 100 new tokens -> 64. Turn 2's prefill phase (until every request has its first token) with
    the prefix cache (the history's pages from the cache, the delta nets' state from the snapshot at the deepest
