@@ -118,6 +118,34 @@ def hybrid_varlen(cfg: ModelConfig, device: str) -> bool:
     return cfg.hybrid_varlen if cfg.hybrid_varlen is not None else device == "cuda"
 
 
+def compile_layers(cfg: ModelConfig, model, device: str, *, tp_size: int = 1, deterministic: bool = False) -> bool:
+    """Whether the trainer's decoder layers are compiled (`model.compile_layers`; None: on for CUDA runs of dense
+    models, neither tensor-parallel nor deterministic; ModelConfig says why each exception is one).
+
+    Compiling both the trainer's layers and the engine's view layers is what two earlier GPU runs did when they
+    stalled after their first step; never root-caused. The hypothesis: the view's layers are copies of the
+    trainer's, so both threads run the same code objects (`GradientCheckpointingLayer`'s forward wrapper, the
+    layer's and the attention's forwards, and the resume functions after the attention's graph break), and dynamo
+    keeps one cache and one recompile budget per code object. Each thread's new shapes (decode batch sizes and
+    mixed-step token buckets on one side, packed row lengths and grad mode on the other) recompile frames the other
+    thread also runs, one thread waits on dynamo's compile lock while the other compiles, and a frame past the
+    recompile limit falls back to eager for both. With this default only the trainer thread compiles: in training
+    the engine's view stays eager, served from CUDA graphs, unless `engine.compile` asks, so the combination
+    `--engine.compile=true --model.compile_layers=true` remains available to reproduce the stall."""
+    if cfg.compile_layers is not None:
+        return cfg.compile_layers
+    return device == "cuda" and not is_hybrid(model) and tp_size == 1 and not deterministic
+
+
+def compile_trainer_layers(cfg: TrainConfig, model, device: str) -> bool:
+    """Compile the trainer's decoder layers where `compile_layers` resolves to true; returns whether it did. Call it
+    after the engine's view is made: the view's copies must not carry the trainer's compiled calls."""
+    if not compile_layers(cfg.model, model, device, tp_size=cfg.parallel.tp_size, deterministic=cfg.deterministic):
+        return False
+    compile_decoder_layers(model, activation_memory_budget=cfg.model.activation_memory_budget)
+    return True
+
+
 def check_hybrid_kernels(cfg: ModelConfig, model, device: str) -> None:
     """A hybrid model trained through varlen kernels needs flash-linear-attention: say which extra installs it.
     (transformers' torch fallback of those layers ignores sample boundaries: never run packed rows through it.)"""
@@ -153,7 +181,7 @@ def engine_config(cfg: EngineConfig, rollout: RolloutConfig, seed: int, eos_toke
                   training: bool, deterministic: bool = False) -> EngineConfig:
     """The engine section with what it leaves unset taken from the run: the longest rollout, the chat format's
     end-of-turn ids, the run's seed. In training the view's layers stay eager unless asked (compiling them together
-    with the trainer's stalled two GPU runs; see ModelConfig.compile_layers). A deterministic run recomputes KV
+    with the trainer's stalled two GPU runs; see `compile_layers`). A deterministic run recomputes KV
     after each update, so a resumed run (whose cache starts empty) computes what the straight run did."""
     return dataclasses.replace(
         cfg, max_model_len=cfg.max_model_len or rollout.max_sample_tokens,
@@ -186,8 +214,7 @@ def build_run(cfg: TrainConfig, checkpoint: Path | None | str = "latest", parall
     fmt = ChatFormat(tokenizer, env.tools())
     engine = make_engine(model, tokenizer, fmt, cfg.engine, cfg.rollout, cfg.seed, training=True,
                          deterministic=cfg.deterministic)
-    if cfg.model.compile_layers:  # the engine's view is a copy made above, with compiled layers of its own
-        compile_decoder_layers(model, activation_memory_budget=cfg.model.activation_memory_budget)
+    compile_trainer_layers(cfg, model, device)  # after the engine's view, a copy made above
     if parallel is not None:
         parallel.prepare_engine(engine)
         prompts = parallel.prompt_iterator(dataset, cfg.seed)

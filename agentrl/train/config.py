@@ -26,9 +26,15 @@ class ModelConfig:
     # for dense models and sdpa for hybrid ones (transformers refuses flex_attention for them).
     attn_implementation: str | None = None
     gradient_checkpointing: bool = False
-    # torch.compile each decoder layer (BENCHMARKS.md: the train-step table). Off by default until compiling the
-    # trainer's layers and the engine's view together is understood: two GPU runs that did so stalled.
-    compile_layers: bool = False
+    # torch.compile each of the trainer's decoder layers (BENCHMARKS.md: the train-step table); the engine's view
+    # stays eager in training either way unless engine.compile asks. None (resolved by agentrl.run.build.
+    # compile_layers): on for CUDA runs of dense models, where the step is bound by launching dozens of small
+    # kernels a layer; off on CPU (nothing launch-bound to gain, and inductor would need a C++ toolchain), for
+    # hybrid models (their packed forward puts a new convolution function in the modeling module for every forward,
+    # agentrl.train.linear_conv, which compiled layers would recompile for), under tensor parallelism (the split
+    # layers run hooks around each module) and in deterministic runs (compiled kernels are tuned on the first
+    # shapes seen, which differ between a straight run and a resumed one).
+    compile_layers: bool | None = None
     # With compile_layers: the activation memory budget (0, 1] of each compiled layer's forward/backward split;
     # below 1 the partitioner recomputes the cheapest activations in the backward instead of saving them.
     activation_memory_budget: float = 1.0

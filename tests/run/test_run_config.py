@@ -43,7 +43,7 @@ def test_yaml_then_overrides(tmp_path):
         "--loss.max_staleness=2", "--model.attn_implementation=none", "--optim.betas=0.8,0.9",
         "--checkpoint.run_dir=runs/x", "--model.compile_layers=false",
     ])
-    assert cfg.model.compile_layers is False and TrainConfig().model.compile_layers is False
+    assert cfg.model.compile_layers is False and TrainConfig().model.compile_layers is None  # None: auto
     # Training leaves the engine's view eager unless asked (see model.compile_layers); standalone, None means auto.
     assert TrainConfig().engine.compile is None
     assert engine_config(TrainConfig().engine, TrainConfig().rollout, 0, (1,), training=True).compile is False
