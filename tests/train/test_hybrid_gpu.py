@@ -1,0 +1,153 @@
+"""Hybrid (linear-attention) training on CUDA with flash-linear-attention: packed rows through fla's varlen kernels
+and agentrl's within-sample conv (`linear_conv`) give the logprobs each sample gives alone, and `agentrl train` on
+tiny Qwen3.5 with default options trains on that packed path, not the per-sample fallback.
+
+Both need CUDA and the `gpu` extra (package `fla`); they skip elsewhere. The CPU versions stand a torch delta rule
+in for fla's (tests/train/test_linear_conv.py, tests/run/test_hybrid_defaults.py).
+"""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+import agentrl.train.logprobs as logprobs
+from agentrl.models import load_model
+from agentrl.run import build
+from agentrl.sample import TrainingSample
+from agentrl.train.config import ModelConfig, TrainerConfig
+from agentrl.train.pack import pack_samples
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available() or importlib.util.find_spec("fla") is None,
+    reason="needs CUDA and flash-linear-attention (the gpu extra)")]
+
+# Samples across fla's 64-token chunks (150, 70), exactly one (64), and short ones: their seams fall inside chunks.
+LENGTHS = (150, 70, 9, 33, 64, 2)
+
+
+def packed_batch():
+    gen = torch.Generator().manual_seed(0)
+    samples = []
+    for n in LENGTHS:
+        ids = torch.randint(0, 320, (n,), generator=gen).tolist()
+        samples.append(TrainingSample(ids, [0] + [1] * (n - 1), [0.0] * n, [-1] + [0] * (n - 1)))
+    batch = pack_samples(samples, sum(LENGTHS) + 5, pad_to_multiple=TrainerConfig().row_pad_multiple)
+    assert batch.input_ids.shape[0] == 1  # every sample in one row
+    return samples, batch
+
+
+def alone(model, samples, batch) -> torch.Tensor:
+    """Each sample through the model's own forward on its own (no packing code at all), its trained logprobs in the
+    packed batch's order."""
+    out = []
+    for r, segs in enumerate(batch.segments):
+        for i, _, _ in segs:
+            ids = torch.tensor([samples[i].input_ids], device="cuda")
+            with torch.no_grad():
+                logits = model(input_ids=ids, use_cache=False).logits[0].float()
+            out.append(logits.log_softmax(-1)[:-1].gather(1, ids[0, 1:, None])[:, 0])
+    return torch.cat(out)
+
+
+def packed(model, batch) -> torch.Tensor:
+    """The trainer's forward: the whole row at once through the varlen kernels, as `Trainer.step` runs it."""
+    with torch.no_grad():
+        return logprobs.packed_token_logprobs(model, batch.to("cuda"), hybrid_varlen=True,
+                                             pad_multiple=TrainerConfig().row_pad_multiple)[0]
+
+
+def trainable(dtype):
+    """Tiny Qwen3.5 on CUDA with the training forward's attention as a run picks it by default (the run's own
+    packed-vs-per-sample check is the third test's subject, not a gate here)."""
+    model, _ = load_model("tiny-qwen3.5", dtype=dtype, device="cuda")
+    model.set_attn_implementation(build.attention_implementation(ModelConfig(name="tiny-qwen3.5"), model, "cuda"))
+    return model
+
+
+def test_packed_logprobs_equal_per_sample_in_fp32(monkeypatch):
+    """fp32: hidden states within 1e-5 (their scale is a few units), logprobs within 1e-5 relative. The random
+    model's logprobs reach -50, where one fp32 ulp is 3.8e-6: the CPU version of this comparison differs by 4 ulps
+    (1.5e-5 at -32). fla's chunked kernels multiply in tf32 even on fp32 inputs, identically on both sides; cuDNN's
+    tf32 is turned off so that the convolutions are fp32 too."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    model = trainable(torch.float32)
+    assert model.config._attn_implementation == "sdpa"  # fp32: the row route (`_varlen_hidden_states`)
+    assert logprobs.packing_error(model, lengths=LENGTHS, hybrid_varlen=True) < 1e-5
+    samples, batch = packed_batch()
+    got, want = packed(model, batch), alone(model, samples, batch)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_logprobs_in_bf16_are_as_close_to_fp32_as_per_sample_ones():
+    """bf16 against the fp32 per-sample reference: the packed row's error may not exceed the error of each sample run
+    alone in bf16 by more than rounding noise (mean over ~330 tokens within 1.5x, worst token within 3x). Both bf16
+    paths round the same operations in the same dtype and differ only in kernels (flash varlen and fla varlen
+    against sdpa and fla per sample), so their errors are draws from one distribution; a leak across samples adds
+    a whole-unit error on the first tokens of every sample after the first (the conv leak: 17.7 worst, 0.59 mean,
+    on CPU, against a bf16 rounding error of 2.0 worst, 0.16 mean)."""
+    samples, batch = packed_batch()
+    reference = alone(load_model("tiny-qwen3.5", dtype=torch.float32, device="cuda")[0], samples, batch)
+    per_sample = alone(load_model("tiny-qwen3.5", dtype=torch.bfloat16, device="cuda")[0], samples, batch)
+    model = trainable(torch.bfloat16)
+    assert logprobs.takes_flat_layout(model)  # bf16: flash's varlen attention, the flat route
+    packed_error, alone_error = (packed(model, batch) - reference).abs(), (per_sample - reference).abs()
+    means, worst = (float(packed_error.mean()), float(alone_error.mean())), (float(packed_error.max()),
+                                                                             float(alone_error.max()))
+    assert means[0] <= 1.5 * means[1], f"mean error packed {means[0]:.4g}, alone {means[1]:.4g}"
+    assert worst[0] <= 3 * worst[1], f"worst error packed {worst[0]:.4g}, alone {worst[1]:.4g}"
+
+
+def test_train_tiny_qwen35_three_default_steps_on_the_packed_varlen_path(tmp_path, monkeypatch, capfd):
+    """`agentrl train gsm8k_math --model tiny-qwen3.5 --max-steps 3` with default options: three steps, the run's
+    varlen check passed (the trainer's flag, and no fallback warning), every training forward went through the
+    packed varlen route and none through the per-sample one, and the engine prefilled through fla's varlen kernels."""
+    from agentrl.cli import main
+    from agentrl.engine import linear_state
+    from agentrl.train.trainer import Trainer
+
+    trainers, engines, routes, in_step = [], [], [], [False]
+    init, step = Trainer.__init__, Trainer.step
+
+    def record_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        trainers.append(self)
+
+    def record_step(self, *args, **kwargs):
+        in_step[0] = True
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            in_step[0] = False
+
+    monkeypatch.setattr(Trainer, "__init__", record_init)
+    monkeypatch.setattr(Trainer, "step", record_step)
+    for name in ("_flat_hidden_states", "_varlen_hidden_states", "_per_sample_hidden_states"):
+        def spy(*args, _name=name, _f=getattr(logprobs, name), **kwargs):
+            if in_step[0]:
+                routes.append(_name)
+            return _f(*args, **kwargs)
+        monkeypatch.setattr(logprobs, name, spy)
+    states = linear_state.LinearStates.__init__
+
+    def record_states(self, *args, **kwargs):
+        states(self, *args, **kwargs)
+        engines.append(self)
+
+    monkeypatch.setattr(linear_state.LinearStates, "__init__", record_states)
+    layouts = []
+    monkeypatch.setattr(linear_state, "varlen_layout",
+                        lambda *a, _f=linear_state.varlen_layout: layouts.append(_f(*a)) or layouts[-1])
+
+    run = tmp_path / "run"
+    assert main(["train", "gsm8k_math", "--model", "tiny-qwen3.5", "--max-steps", "3", "--run-dir", str(run)]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["trained_tokens"] > 0 for r in records)
+    err = capfd.readouterr().err
+    fallback = [line for line in err.splitlines() if "packed samples" in line]
+    assert not fallback, fallback  # the run's check found the packed rows differing from per-sample
+    assert len(trainers) == 1 and trainers[0].hybrid_varlen is True
+    assert routes and set(routes) <= {"_flat_hidden_states", "_varlen_hidden_states"}, routes
+    assert len(engines) == 1 and engines[0].kernels is not None and layouts
