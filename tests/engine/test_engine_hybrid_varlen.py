@@ -139,8 +139,9 @@ def fla_installed() -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or not fla_installed(), reason="needs CUDA and flash-linear-attention")
-def test_fla_varlen_path_matches_the_per_sequence_path_on_cuda(monkeypatch):
+@pytest.mark.skipif(not torch.cuda.is_available() or not fla_installed(),
+                    reason="needs CUDA and flash-linear-attention")
+def test_fla_varlen_path_matches_the_per_sequence_path_on_cuda():
     """fp32 on CUDA: the engine with fla's varlen and fused recurrent kernels against the per-sequence path,
     three turns of conversations advancing together, prefix cache and decode graphs on. Tokens equal, logprobs
     within 1e-4 (fla's chunked kernels multiply in tf32 even on fp32 inputs; both paths run them here, where
