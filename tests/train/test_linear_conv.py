@@ -65,7 +65,10 @@ def test_packed_varlen_forward_equals_per_sample_with_the_boundary_conv(hybrid, 
     if not boundaries:
         monkeypatch.setattr(logprobs, "packed_conv_boundaries", lambda model, cu: contextlib.nullcontext())
     error = logprobs.packing_error(hybrid, hybrid_varlen=True)
+    relative = logprobs.packing_error(hybrid, hybrid_varlen=True, relative=True)
     if boundaries:
         assert error < 1e-5
+        assert relative < 1e-5
     else:  # what the run's check saw on the GPU: a delta rule with boundaries is not enough
         assert error > 1e-2
+        assert relative > 0.1  # the run's threshold (agentrl.run.build._trainable): a leak is caught at any scale
