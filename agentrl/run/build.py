@@ -31,7 +31,8 @@ from agentrl.run.distributed import ParallelRun, restore_rollout_state, warn
 from agentrl.run.interrupt import critical
 from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint
 from agentrl.train.config import ModelConfig
-from agentrl.train.logprobs import is_hybrid, packing_error, varlen_kernels_installed
+from agentrl.train.linear_conv import use_reference_delta_rule
+from agentrl.train.logprobs import is_hybrid, packed_backward_failure, packing_error, varlen_kernels_installed
 from agentrl.train.optim import retarget_schedule
 from agentrl.train.trainer import Trainer
 from agentrl.train.varlen_attention import ATTN_IMPLEMENTATION, register, varlen_attention_available
@@ -113,6 +114,17 @@ def _trainable(cfg: ModelConfig, model, tokenizer, device: str):
             varlen = False
             model.set_attn_implementation(attention_implementation(
                 dataclasses.replace(cfg, hybrid_varlen=False), model, device))
+    if varlen:
+        failure = packed_backward_failure(model)
+        if failure is not None:
+            # The forward is fine (checked above): keep the packed rows and swap only the delta rule.
+            warn(f"the linear-attention kernels cannot train here ({failure}); their delta rule runs sample by "
+                 "sample inside the packed rows instead (PyTorch reference: exact, slower)")
+            use_reference_delta_rule(model)
+            failure = packed_backward_failure(model)
+            if failure is not None:
+                raise RuntimeError(f"the hybrid model cannot train on packed rows here ({failure}); "
+                                   "set model.hybrid_varlen=false")
     return model, tokenizer, varlen
 
 

@@ -8,12 +8,18 @@ ignores them, and the package's own kernel takes `seq_idx`, not `cu_seqlens`. So
 `packed_conv_boundaries` replaces that function in the model's modeling module with one that spreads the samples
 apart by `kernel - 1` zeros, runs the original convolution, and gathers the real positions back: each output then
 reads only its own sample (and zeros before it, as a sample run alone does), whatever kernel computes it.
+
+Where flash-linear-attention's delta rule cannot train (its backward refuses some Triton and GPU combinations;
+the run finds out before its first step), `use_reference_delta_rule` marks the model so that the same context
+also replaces the chunked delta rule by transformers' PyTorch reference run sample by sample over `cu_seqlens`:
+the rest of the layer stays packed, and each sample's recurrence starts from zero state as it does alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import sys
 
 import torch
@@ -21,6 +27,8 @@ import torch
 _CU_SEQLENS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("agentrl_conv_cu_seqlens",
                                                                                  default=None)
 _MARK = "_agentrl_boundary_conv"
+_REFERENCE_RULE = "_agentrl_reference_delta_rule"  # set on a model's linear-attention layers
+_RULE = "torch_chunk_gated_delta_rule"  # the name transformers' gated delta nets call their chunked rule by
 
 
 def spread_index(cu_seqlens: torch.Tensor, length: int, gap: int) -> torch.Tensor:
@@ -46,6 +54,35 @@ def _boundary_conv(conv):
     return conv_within_samples
 
 
+def _segmented_rule(rule):
+    """The PyTorch reference of `rule` run once per sample of `cu_seqlens`, from zero state (no final state: the
+    training forward keeps none)."""
+    reference = inspect.unwrap(rule)
+
+    def rule_within_samples(query, key, value, g, beta, cu_seqlens=None, initial_state=None,
+                            output_final_state=False, **kwargs):
+        cu = cu_seqlens if cu_seqlens is not None else _CU_SEQLENS.get()
+        if cu is None or query.shape[0] != 1 or initial_state is not None or output_final_state:
+            return rule(query, key, value, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
+                        output_final_state=output_final_state, **kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if k in ("chunk_size", "use_qk_l2norm_in_kernel")}
+        bounds = cu.tolist()
+        outs = [reference(query[:, a:b], key[:, a:b], value[:, a:b], g=g[:, a:b], beta=beta[:, a:b], **kwargs)[0]
+                for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        return torch.cat(outs, dim=1), None
+
+    setattr(rule_within_samples, _MARK, True)
+    return rule_within_samples
+
+
+def use_reference_delta_rule(model) -> None:
+    """From now on, packed forwards of `model` (inside `packed_conv_boundaries`) run the chunked delta rule
+    through the PyTorch reference, sample by sample."""
+    for layer in model.modules():
+        if hasattr(layer, "conv1d") and hasattr(sys.modules.get(type(layer).__module__), _RULE):
+            setattr(layer, _REFERENCE_RULE, True)
+
+
 def _modeling_modules(model) -> list:
     """The modules defining `causal_conv1d_fn` that the model's linear-attention layers call."""
     found = []
@@ -61,14 +98,18 @@ def packed_conv_boundaries(model, cu_seqlens: torch.Tensor):
     """While active, the linear-attention convolutions of `model` stay within the samples `cu_seqlens` bounds
     (the cumulative boundaries of one flat row, `[0, n1, n1 + n2, ..., length]`)."""
     patched = []
+    reference = any(getattr(layer, _REFERENCE_RULE, False) for layer in model.modules())
     for module in _modeling_modules(model):
         if not getattr(module.causal_conv1d_fn, _MARK, False):
-            patched.append((module, module.causal_conv1d_fn))
+            patched.append((module, "causal_conv1d_fn", module.causal_conv1d_fn))
             module.causal_conv1d_fn = _boundary_conv(module.causal_conv1d_fn)
+        if reference and hasattr(module, _RULE) and not getattr(getattr(module, _RULE), _MARK, False):
+            patched.append((module, _RULE, getattr(module, _RULE)))
+            setattr(module, _RULE, _segmented_rule(getattr(module, _RULE)))
     token = _CU_SEQLENS.set(cu_seqlens)
     try:
         yield
     finally:
         _CU_SEQLENS.reset(token)
-        for module, original in reversed(patched):
-            module.causal_conv1d_fn = original
+        for module, name, original in reversed(patched):
+            setattr(module, name, original)

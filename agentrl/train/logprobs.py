@@ -220,15 +220,7 @@ def packing_error(model, *, lengths: tuple[int, ...] = (7, 5, 3), hybrid_varlen:
     kernel that ignores sample boundaries shows up here as an O(1) difference rather than as a quietly worse run.
     (On the hybrid per-sample path it is 0 by construction; there it is the varlen kernels that need checking.)
     """
-    from agentrl.train.pack import pack_samples
-    from agentrl.sample import TrainingSample
-
-    gen = torch.Generator().manual_seed(seed)
-    samples = []
-    for n in lengths:
-        ids = torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
-        samples.append(TrainingSample(ids, [0] + [1] * (n - 1), [0.0] * n, [-1] + [0] * (n - 1)))
-    batch = pack_samples(samples, sum(lengths) + 1).to(model.device)  # one row with a padding tail
+    batch = _synthetic_row(model, lengths, seed)
     with torch.no_grad():
         packed = packed_hidden_states(model, batch, hybrid_varlen=hybrid_varlen)
         reference = _per_sample_hidden_states(_decoder(model), batch)
@@ -238,6 +230,36 @@ def packing_error(model, *, lengths: tuple[int, ...] = (7, 5, 3), hybrid_varlen:
     if relative:
         error = error / reference[real].float().abs().max().clamp_min(torch.finfo(torch.float32).tiny)
     return float(error)
+
+
+def packed_backward_failure(model, *, lengths: tuple[int, ...] = (7, 5, 3), seed: int = 0) -> str | None:
+    """Why a backward through the hybrid varlen path fails here (the error's first line), None if it runs.
+
+    Some kernels run their forward but refuse their backward on some Triton and GPU pairs (flash-linear-attention
+    0.6 on Hopper under Triton < 3.7.1); a run finds out here, before its first step, rather than mid-step.
+    Gradients it leaves are cleared."""
+    batch = _synthetic_row(model, lengths, seed)
+    try:
+        packed_hidden_states(model, batch, hybrid_varlen=True).float().square().mean().backward()
+    except Exception as e:  # whatever the kernel raises; the caller decides what runs instead
+        return (str(e).strip().splitlines() or [type(e).__name__])[0]
+    finally:
+        for p in model.parameters():
+            p.grad = None
+    return None
+
+
+def _synthetic_row(model, lengths: tuple[int, ...], seed: int) -> PackedBatch:
+    """Samples of random tokens with `lengths`, packed into one row with a padding tail."""
+    from agentrl.train.pack import pack_samples
+    from agentrl.sample import TrainingSample
+
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for n in lengths:
+        ids = torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
+        samples.append(TrainingSample(ids, [0] + [1] * (n - 1), [0.0] * n, [-1] + [0] * (n - 1)))
+    return pack_samples(samples, sum(lengths) + 1).to(model.device)
 
 
 class ChunkedLMHead(torch.autograd.Function):

@@ -55,4 +55,27 @@ def test_kernels_that_leak_across_samples_are_refused_or_left_for_the_exact_path
         build._trainable(ModelConfig(name="tiny-qwen3.5", hybrid_varlen=True), model, tok, "cuda")
     # Kernels that honour the boundaries keep the packed varlen path.
     monkeypatch.setattr(build, "packing_error", lambda model, hybrid_varlen, relative: 1e-6)
+    monkeypatch.setattr(build, "packed_backward_failure", lambda model: None)
     assert build._trainable(ModelConfig(name="tiny-qwen3.5"), model, tok, "cuda")[2] is True
+
+
+def test_kernels_whose_backward_fails_keep_packed_rows_with_the_reference_delta_rule(monkeypatch, capsys):
+    import agentrl.run.build as build
+    from agentrl.train import logprobs
+
+    monkeypatch.setattr(build, "varlen_kernels_installed", lambda: True)
+    monkeypatch.setattr(logprobs, "varlen_kernels_installed", lambda: True)
+    monkeypatch.setattr(build, "packing_error", lambda model, hybrid_varlen, relative: 1e-6)  # the forward is fine
+    model, tok = load_model("tiny-qwen3.5")
+    # Here (no flash-linear-attention) the model's own delta rule refuses the boundaries, as fla's backward refuses
+    # Hopper under Triton < 3.7.1: the run keeps packed rows and runs the PyTorch reference sample by sample.
+    assert logprobs.packed_backward_failure(model) is not None
+    _, _, varlen = build._trainable(ModelConfig(name="tiny-qwen3.5"), model, tok, "cuda")
+    assert varlen is True
+    assert "cannot train here" in capsys.readouterr().err
+    assert logprobs.packed_backward_failure(model) is None
+    assert all(p.grad is None for p in model.parameters())  # the checks leave no gradients behind
+    # And a refusal that the reference rule does not cure stops the run with the way out named.
+    monkeypatch.setattr(build, "packed_backward_failure", lambda model: "no backward")
+    with pytest.raises(RuntimeError, match="hybrid_varlen=false"):
+        build._trainable(ModelConfig(name="tiny-qwen3.5"), model, tok, "cuda")

@@ -72,3 +72,29 @@ def test_packed_varlen_forward_equals_per_sample_with_the_boundary_conv(hybrid, 
     else:  # what the run's check saw on the GPU: a delta rule with boundaries is not enough
         assert error > 1e-2
         assert relative > 0.1  # the run's threshold (agentrl.run.build._trainable): a leak is caught at any scale
+
+
+def test_the_reference_delta_rule_keeps_packed_rows_exact_forward_and_backward(monkeypatch):
+    # What a run falls back to when the varlen kernels cannot train: packed rows, the delta rule sample by sample.
+    from agentrl.train.linear_conv import use_reference_delta_rule
+    from agentrl.train.logprobs import _per_sample_hidden_states, _decoder, _synthetic_row, packed_hidden_states
+
+    model = load_model("tiny-qwen3.5")[0]
+    monkeypatch.setattr(logprobs, "varlen_kernels_installed", lambda: True)
+    use_reference_delta_rule(model)
+    batch = _synthetic_row(model, (9, 70, 3, 33), seed=1)
+    real = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
+    real[:, :batch.num_tokens] = True
+
+    def grads(forward):
+        model.zero_grad()
+        hidden = forward()
+        hidden[real].square().mean().backward()
+        return hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    packed, packed_grads = grads(lambda: packed_hidden_states(model, batch, hybrid_varlen=True))
+    alone, alone_grads = grads(lambda: _per_sample_hidden_states(_decoder(model), batch))
+    assert (packed[real] - alone[real]).abs().max() < 1e-5
+    assert packed_grads.keys() == alone_grads.keys() and len(packed_grads) > 10
+    for name, g in packed_grads.items():
+        assert torch.allclose(g, alone_grads[name], atol=1e-5, rtol=1e-4), name
