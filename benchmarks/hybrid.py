@@ -252,6 +252,31 @@ def pct(x: float) -> str:
 
 # ------------------------------------------------------------------------------------------------ 1. decode
 
+def profile_decode(engine, prompts, new_tokens: int, steps: int = 8) -> None:
+    """The GPU kernels of `steps` pure-decode steps (every prompt prefilled first), by total time: where a decode
+    step of the hybrid goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = [engine.submit(p, greedy(new_tokens)) for p in prompts]
+    while not (len(engine._live) == len(ids) and all(s.logprobs for s in engine._live.values())):
+        engine.step()
+    for _ in range(2):
+        engine.step()
+    sync(engine.device)
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        sync(engine.device)
+    wall = (time.perf_counter() - start) / steps
+    print(f"\n#### Profile: {steps} decode steps of {len(ids)} sequences, {wall * 1e3:.1f} ms a step of wall time\n")
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=70))
+    for i in ids:
+        engine.cancel(i)
+    while engine.has_work():
+        engine.step()
+
+
 def decode_part(model, sizes: Sizes, args, report: Report, device) -> None:
     from agentrl.engine import Engine, EngineConfig
 
@@ -270,6 +295,8 @@ def decode_part(model, sizes: Sizes, args, report: Report, device) -> None:
     engine_peak = peak_gib(device)
     stats = engine.stats
     state_check = engine.linear.bytes_per_state if engine.linear is not None else None
+    if args.profile:
+        profile_decode(engine, random_prompts(n, plen, vocab, seed=7), new)
     del engine
     free_memory(device)
 
@@ -406,6 +433,7 @@ def main():
                     help="train-step tokens (default 25000; 8000 with --quick); the torch-reference row: a quarter")
     ap.add_argument("--steps", type=int, default=None, help="timed train steps (default 3; 2 with --quick)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, CPU, fp32: checks the script runs")
+    ap.add_argument("--profile", action="store_true", help="also print the kernels of a few decode steps")
     ap.add_argument("--budget", type=float, default=300.0,
                     help="seconds: a part that would start later than this is skipped (and reported so)")
     args = ap.parse_args()
