@@ -1,4 +1,4 @@
-"""The multi-turn rollout driver: keeps `rollouts_in_flight` rollouts decoding, forever if asked.
+"""The multi-turn rollout driver: keeps `rollout.in_flight` rollouts decoding, forever if asked.
 
 Each rollout is one coroutine: submit the prompt ids → await the engine's completion → parse tool calls → run
 the tools (a thread pool for sync tools, the event loop for async ones, a timeout per call) → append the
@@ -51,7 +51,7 @@ class RolloutDriver:
         self.seed = seed
         self.max_ready_samples = config.max_ready_samples if bounded else None
         self.pool = pool if pool is not None else ReadyPool()
-        self.stats = DriverStats(target_in_flight=config.rollouts_in_flight)
+        self.stats = DriverStats(target_in_flight=config.in_flight)
         self.deterministic = deterministic
         self._next_group_id = 0
         self._stop = threading.Event()
@@ -137,7 +137,7 @@ class RolloutDriver:
             while not self._stop.is_set():
                 # Refill up to the target: new members of started groups first, then new prompts.
                 throttled = False
-                while len(tasks) < self.config.rollouts_in_flight:
+                while len(tasks) < self.config.in_flight:
                     if not pending:
                         if self._pool_full():
                             throttled = True

@@ -128,3 +128,14 @@ def test_renamed_keys_of_the_previous_release_still_load_with_a_warning(tmp_path
     assert cfg.rollout.advantage == "mean" and cfg.metrics.log_every == 3
     err = capsys.readouterr().err
     assert "rollout.environment is now env.name" in err and "loss.advantage is now rollout.advantage" in err
+
+
+def test_rollouts_in_flight_default_to_twice_a_step_and_at_least_64():
+    from agentrl.rollout.config import RolloutConfig
+
+    assert RolloutConfig().in_flight == 64  # 4 groups x 8 a step: twice that
+    assert RolloutConfig(groups_per_step=8).in_flight == 128  # the vs-TRL step: 64 rollouts
+    assert RolloutConfig(group_size=1).in_flight == 64  # eval's groups of one still fill a batch
+    assert RolloutConfig(groups_per_step=8, rollouts_in_flight=40).in_flight == 40  # what is set wins
+    with pytest.raises(ValueError, match="rollout.rollouts_in_flight"):
+        RolloutConfig(rollouts_in_flight=0)
