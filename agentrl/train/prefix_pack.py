@@ -220,6 +220,11 @@ def plan_units(samples: Sequence[TrainingSample], row_tokens: int) -> list[Unit]
     return units
 
 
+def shares_a_prefix(samples: Sequence[TrainingSample], row_tokens: int) -> bool:
+    """Whether prefix-shared packing of `samples` computes any token once for several members."""
+    return any(len(unit.members) > 1 for unit in plan_units(samples, row_tokens))
+
+
 def _split_if_unshared(samples, unit: Unit) -> list[Unit]:
     if unit.prefix_len == 0 and len(unit.members) > 1:
         return [Unit((i,), 0, (n,)) for i, n in zip(unit.members, unit.suffix_lens)]

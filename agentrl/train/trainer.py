@@ -21,7 +21,7 @@ from agentrl.train.loss import loss_denominator, policy_loss
 from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
 from agentrl.train.pack import pack_samples
 from agentrl.train.prefix_forward import prefix_sharing_error, prefix_sharing_unsupported, shared_token_logprobs
-from agentrl.train.prefix_pack import SharedBatch, pack_shared, prefix_tree_tokens, groups_of
+from agentrl.train.prefix_pack import SharedBatch, groups_of, pack_shared, prefix_tree_tokens, shares_a_prefix
 
 # A tree mask read wrongly changes hidden states by O(1); rounding (bf16 included) stays far below this.
 _TREE_ERROR_LIMIT = 0.05
@@ -57,7 +57,10 @@ class Trainer:
                 warnings.warn(f"prefix-shared forward {found} on this model and attention; training on unshared "
                               f"packing", stacklevel=2)
         cfg = self.config
-        pack = pack_shared if self.share_prefix else pack_samples
+        # A batch whose groups share nothing (no group ids, or members that differ from their first token) takes
+        # the plain packed forward: the tree-mask path would compute the same tokens with more work around them.
+        share = self.share_prefix and shares_a_prefix(samples, cfg.row_tokens)
+        pack = pack_shared if share else pack_samples
         return pack(samples, cfg.row_tokens, pad_token_id=self.pad_token_id, pad_to_multiple=self.pad_multiple)
 
     def step(self, samples: Sequence[TrainingSample], policy_version: int,

@@ -307,6 +307,20 @@ def test_a_row_without_trained_tokens_steps_like_unshared_packing():
     torch.testing.assert_close(params[0], params[1], atol=1e-5, rtol=1e-5)
 
 
+def test_a_batch_whose_groups_share_nothing_takes_the_plain_packing():
+    from agentrl.train.pack import PackedBatch
+    from agentrl.train.prefix_pack import SharedBatch, shares_a_prefix
+
+    trainer = _trainer(_model(), True)
+    samples = _groups()
+    assert shares_a_prefix(samples, 64) and isinstance(trainer.pack(samples), SharedBatch)
+    loners = [_sample(s.input_ids, s.trainable, 1.0, None) for s in samples]  # no group ids
+    assert not shares_a_prefix(loners, 64)
+    assert type(trainer.pack(loners)) is PackedBatch
+    # and the metrics say nothing was shared
+    assert trainer.step(loners, policy_version=3)["prefix_shared_tokens"] == 0
+
+
 def test_trainer_config_defaults_to_sharing():
     assert TrainerConfig().share_prefix is True
 
