@@ -21,9 +21,10 @@ conv over the chunks laid end to end, each after its slot's window. A chunk spli
 two calls: the first runs every chunk up to its split (or whole), the second the rest of the split chunks
 from the states the first ended with, so the snapshot is still the state at the boundary. Every index of
 that layout is built on the host in `plan` and travels in the step's one upload; fla's own chunk indices are
-passed too, so the kernels read no boundary back to the host. Decode rows go to fla's fused recurrent kernel,
-which takes one initial state per row: the gather, kernel and scatter stay capturable. Without CUDA or fla,
-the per-sequence path above runs: the CPU path, and the reference the varlen one is tested against.
+passed too, so the kernels read no boundary back to the host. Without CUDA or fla, the per-sequence path above
+runs: the CPU path, and the reference the varlen one is tested against.
+Decode rows on CUDA (`fused_decode`) run `triton_delta_rule`, reading and writing each row's window and state in
+place by slot; elsewhere the rule (fla's or transformers') runs between a gather and a scatter. Both are capturable.
 
 Prefix-cache resume points (`state_snapshots.py`): the state at the deepest page boundary a step reaches
 for a sequence is copied into a snapshot attached to the page that ends there. A chunk that crosses that
@@ -40,6 +41,8 @@ delta rule, gated norm) are still the model's own, so a fused kernel registered 
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import sys
 import types
 from dataclasses import dataclass, field
@@ -77,6 +80,14 @@ def varlen_kernels(device: torch.device) -> VarlenKernels | None:
     return VarlenKernels(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule)
 
 
+def fused_decode(device: torch.device, activations: set[str]) -> Callable | None:
+    """`triton_delta_rule.decode_rows` where Triton compiles (CUDA) and the conv's activation is its SiLU, else None."""
+    if device.type != "cuda" or activations - {"silu", "swish"} or importlib.util.find_spec("triton") is None:
+        return None
+    from agentrl.engine.triton_delta_rule import decode_rows
+    return decode_rows
+
+
 class LinearStates:
     KWARG = "agentrl_linear"
 
@@ -109,6 +120,8 @@ class LinearStates:
         self.device, self.dtype = p.device, p.dtype
         # None: the per-sequence path. Settable, so a test or benchmark can run one engine on each path.
         self.kernels = varlen_kernels(self.device)
+        # Decode rows as one fused step, states updated in place (`_decode_rows` less its rule); None: `_decode_rows`.
+        self.fused_decode = fused_decode(self.device, {m.activation for m in self.modules.values()})
         self.num_slots = num_slots
         self.scratch = num_slots
         self.conv, self.recurrent = self.allocate(num_slots + 1)
@@ -352,20 +365,21 @@ def _packed_forward(self, hidden_states, *args, **kwargs):
     conv_states, rec_states = states.conv[layer], states.recurrent[layer]
     kernels = states.kernels
     rule = kernels.recurrent if kernels is not None else impl.torch_recurrent_gated_delta_rule
+    fused = states.fused_decode
+    decode = functools.partial(fused, self) if fused is not None else functools.partial(_decode_rows, self, rule)
     if plan.num_singles == total:  # every row a decode: the graph path, and most eager steps
-        core = _decode_rows(self, rule, mixed, g, beta, conv_states, rec_states, plan.single_slots_dev)
+        core = decode(mixed, g, beta, conv_states, rec_states, plan.single_slots_dev)
     else:
         core = mixed.new_empty(total, self.value_dim // self.head_v_dim, self.head_v_dim)
         if plan.num_singles:
             rows = plan.single_rows_dev
             if rows is None:
                 n = plan.num_singles
-                core[:n] = _decode_rows(self, rule, mixed[:n], g[:n], beta[:n], conv_states, rec_states,
-                                        plan.single_slots_dev)
+                core[:n] = decode(mixed[:n], g[:n], beta[:n], conv_states, rec_states, plan.single_slots_dev)
             else:
-                core.index_copy_(0, rows, _decode_rows(
-                    self, rule, mixed.index_select(0, rows), g.index_select(0, rows), beta.index_select(0, rows),
-                    conv_states, rec_states, plan.single_slots_dev))
+                core.index_copy_(0, rows, decode(mixed.index_select(0, rows), g.index_select(0, rows),
+                                                 beta.index_select(0, rows), conv_states, rec_states,
+                                                 plan.single_slots_dev))
         if plan.varlen is not None:
             core.index_copy_(0, plan.dev["lin_chunk_rows"], _varlen_chunks(self, kernels, mixed, g, beta, conv_states,
                                                                      rec_states, plan, layer))
@@ -394,10 +408,9 @@ def _qkv(self, y: torch.Tensor, batch: int, n: int):
 
 
 def _decode_rows(self, rule, mixed, g, beta, conv_states, rec_states, slots):
-    """One token for each of `len(slots)` sequences, each continuing from its slot: the conv window and the
-    single-token delta rule `rule` (recurrent form, one initial state per row) over the whole batch, state
-    gathered by slot and scattered back. Rows are independent, so a row's result does not depend on the batch it
-    runs in."""
+    """One token for each of `len(slots)` sequences, each continuing from its slot: the conv window and the single-token
+    delta rule `rule` (recurrent form, one initial state per row) over the whole batch, state gathered by slot and
+    scattered back. Rows are independent, so a row's result does not depend on the batch it runs in."""
     from transformers.activations import ACT2FN
 
     b = mixed.shape[0]

@@ -1,0 +1,204 @@
+"""The fused decode kernels of the gated delta net (`triton_delta_rule`) against transformers' torch rule and conv.
+
+As in test_triton_attention.py, the interpreter needs TRITON_INTERPRET set before triton is first imported, so
+`test_kernels_in_interpreter` runs this file again in a child process with TRITON_INTERPRET=1, where the kernel and
+engine tests marked `in_interpreter` run. `TRITON_INTERPRET=1 pytest tests/engine/test_triton_delta_rule.py` runs
+them directly. The GPU test compiles the kernel for real (CUDA only).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tests.helpers import patch_triton_interpreter, random_prompts
+
+pytest.importorskip("triton")
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+in_interpreter = pytest.mark.skipif(not INTERPRETING, reason="runs in the child of test_kernels_in_interpreter")
+# The GPU tests compare fp32 arithmetic: IEEE fp32 products in every Triton kernel of the process (fla's multiply
+# fp32 in tf32 by default, ~1e-3 off on the H200), set before any kernel compiles, as test_engine_hybrid_varlen.py.
+os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+
+
+def test_kernels_in_interpreter():
+    if INTERPRETING:
+        pytest.skip("this process is the interpreter run")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", __file__],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+
+
+if INTERPRETING:
+    patch_triton_interpreter()
+
+
+def reference_rule():
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
+    return torch_recurrent_gated_delta_rule
+
+
+def random_step(rows, hk, hv, dk, dv, num_slots, dtype=torch.float32, device="cpu", seed=0):
+    """Inputs of one decode step as the engine has them: q, k, v strided views of one conv output row per
+    sequence, g fp32 (log-decay, negative), beta in (0, 1), a state per slot plus the scratch one; the rows' slots
+    distinct and shuffled, the last row on the scratch slot (a captured step's padding)."""
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.randn(rows, 2 * hk * dk + hv * dv, generator=gen).to(device, dtype)
+    q = y[:, :hk * dk].unflatten(1, (hk, dk))
+    k = y[:, hk * dk:2 * hk * dk].unflatten(1, (hk, dk))
+    v = y[:, 2 * hk * dk:].unflatten(1, (hv, dv))
+    g = (-torch.rand(rows, hv, generator=gen) * 2).to(device)
+    beta = torch.rand(rows, hv, generator=gen).to(device, dtype)
+    state = (torch.randn(num_slots + 1, hv, dk, dv, generator=gen) * 0.5).to(device)
+    slots = torch.cat([torch.randperm(num_slots, generator=gen)[:rows - 1], torch.tensor([num_slots])]).to(device)
+    return q, k, v, g, beta, state, slots
+
+
+def reference_step(q, k, v, g, beta, state, slots):
+    """transformers' rule over the rows' gathered states, in fp32 from the same input values (heads repeated
+    here: its 5.17 version expects that)."""
+    rep = v.shape[1] // q.shape[1]
+    q, k, v, beta = (t.float() for t in (q, k, v, beta))
+    out, final = reference_rule()(
+        q.repeat_interleave(rep, 1)[:, None], k.repeat_interleave(rep, 1)[:, None], v[:, None], g=g[:, None],
+        beta=beta[:, None], initial_state=state[slots], output_final_state=True, use_qk_l2norm_in_kernel=True)
+    return out[:, 0], final
+
+
+def check_step(rows, hk, hv, dk, dv, config=None, dtype=torch.float32, device="cpu", tol=1e-5):
+    """Output within `tol` of the fp32 reference, plus half a unit in the last place of the output dtype (the
+    rounding of the output: 0 for fp32, 2^-8 relative for bf16); written states within `tol`, the others
+    untouched bit for bit."""
+    from agentrl.engine.triton_delta_rule import delta_rule_step
+
+    q, k, v, g, beta, state, slots = random_step(rows, hk, hv, dk, dv, num_slots=rows + 3, dtype=dtype, device=device)
+    ref_out, ref_final = reference_step(q, k, v, g, beta, state, slots)
+    before = state.clone()
+    out = delta_rule_step(q, k, v, g, beta, state, slots, config=config)
+    assert out.dtype == q.dtype and out.shape == (rows, hv, dv)
+    half_ulp = 0.0 if dtype == torch.float32 else 2.0 ** -8
+    excess = ((out.float() - ref_out).abs() - half_ulp * ref_out.abs()).max().item()
+    state_err = (state[slots] - ref_final).abs().max().item()
+    assert excess < tol and state_err < tol, (excess, state_err)
+    untouched = torch.ones(state.shape[0], dtype=torch.bool, device=state.device)
+    untouched[slots] = False
+    assert untouched.any() and torch.equal(state[untouched], before[untouched])
+
+
+@in_interpreter
+@pytest.mark.parametrize("hk,hv", [(2, 4), (2, 2)])
+@pytest.mark.parametrize("dk,dv", [(16, 16), (32, 16), (16, 32), (24, 40)])  # 24, 40: masked blocks
+@pytest.mark.parametrize("config", [None, {"block_v": 8, "num_warps": 1}], ids=["default", "blocks-of-8"])
+def test_delta_rule_step_matches_transformers_rule(hk, hv, dk, dv, config):
+    check_step(5, hk, hv, dk, dv, config)
+
+
+def reference_conv(x, conv, slots, weight, bias):
+    window = torch.cat([conv[slots], x[:, :, None]], dim=-1)
+    return F.silu(F.conv1d(window, weight, bias, groups=x.shape[1]))[:, :, 0], window[:, :, 1:]
+
+
+@in_interpreter
+@pytest.mark.parametrize("channels,width,bias", [(96, 3, True), (40, 3, False), (300, 1, True)])
+def test_conv_step_matches_conv1d_and_shifts_the_window_in_place(channels, width, bias):
+    from agentrl.engine.triton_delta_rule import conv_step
+
+    g_ = torch.Generator().manual_seed(1)
+    rows, num_slots = 4, 7
+    x = torch.randn(rows, channels, generator=g_)
+    conv = torch.randn(num_slots + 1, channels, width, generator=g_)
+    weight = torch.randn(channels, 1, width + 1, generator=g_)
+    b = torch.randn(channels, generator=g_) if bias else None
+    slots = torch.tensor([5, 0, 3, num_slots])
+    ref_y, ref_window = reference_conv(x, conv, slots, weight, b)
+    before = conv.clone()
+    y = conv_step(x, conv, slots, weight, b, block_c=64)  # several channel blocks, the last one masked
+    assert (y - ref_y).abs().max() < 1e-5
+    assert torch.equal(conv[slots], ref_window)
+    untouched = [s for s in range(num_slots + 1) if s not in slots.tolist()]
+    assert torch.equal(conv[untouched], before[untouched])
+
+
+@in_interpreter
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "stand-in-graphs"])
+def test_engine_decode_with_the_fused_kernels_matches_the_reference_path(graphs):
+    """The tiny Qwen3.5 engine with `LinearStates.fused_decode` set (as on CUDA) against the same engine on the
+    per-row rule: prompts prefilled on the chunk path, then decode steps through the kernels; with stand-in graphs,
+    steps replayed from the static slot buffer, padding rows on the scratch slot."""
+    from agentrl.engine import Engine, EngineConfig, SamplingParams
+    from agentrl.engine import triton_delta_rule
+    from agentrl.models import load_model
+    from tests.helpers import graph_engine
+
+    torch.set_num_threads(1)
+    model = load_model("tiny-qwen3.5")[0]
+    prompts = random_prompts(3, 3, 20, seed=4)
+    params = [SamplingParams(max_new_tokens=5, temperature=0, ignore_eos=True),
+              SamplingParams(max_new_tokens=5, temperature=1.0, seed=2, ignore_eos=True)]
+    params = [params[i % 2] for i in range(len(prompts))]
+    make = (lambda: graph_engine(model, max_num_seqs=4)) if graphs else (
+        lambda: Engine(model, EngineConfig(num_pages=32, max_num_seqs=4)))
+    reference = make()
+    assert reference.linear.fused_decode is None  # CPU: the per-row rule
+    refs = reference.generate(prompts, params)
+    engine = make()
+    calls = []
+    engine.linear.fused_decode = lambda *a: calls.append(a[-1].tolist()) or triton_delta_rule.decode_rows(*a)
+    outs = engine.generate(prompts, params)
+    assert max(map(len, calls)) >= len(prompts)  # decode steps of every sequence together
+    if graphs:
+        scratch = engine.linear.scratch
+        assert engine.stats.graph_steps > 0 and any(slots.count(scratch) > 1 for slots in calls)
+    assert [o.token_ids for o in outs] == [r.token_ids for r in refs]
+    err = max(abs(a - b) for o, r in zip(outs, refs) for a, b in zip(o.logprobs, r.logprobs))
+    assert err < 1e-5, err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_delta_rule_step_on_cuda(dtype):
+    """The compiled kernel at the Qwen3.5-0.8B shape (16 key and value heads of 128), with 2 value heads per key
+    head and with a small batch (narrow blocks), against transformers' rule in fp32 on the same input values. bf16
+    inputs with the fp32 state: both sides compute in fp32 from the same bf16 values, so states agree within 1e-5
+    and outputs within 1e-5 plus the bf16 rounding of the output, half a unit in its last place (2^-8 relative;
+    `check_step`)."""
+    for rows, hk, hv, config in [(64, 16, 16, None), (3, 16, 16, None), (64, 8, 16, None),
+                                 (5, 2, 4, {"block_v": 16, "num_warps": 2})]:
+        check_step(rows, hk, hv, 128, 128, config, dtype=dtype, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_engine_with_the_fused_decode_matches_the_gathered_rule_on_cuda():
+    """fp32 on CUDA, decode graphs on: the engine decoding through `triton_delta_rule` against the same engine with
+    `fused_decode` off (fla's fused recurrent kernel, or transformers' rule, between a gather and a scatter).
+    Tokens equal, logprobs within 1e-4, the bound of the other fp32 engine comparisons on CUDA (different kernels
+    summing in different orders, over a few hundred steps)."""
+    from agentrl.engine import Engine, EngineConfig, SamplingParams
+    from agentrl.models import load_model
+
+    model = load_model("tiny-qwen3.5", device="cuda")[0]
+    prompts = random_prompts(20, 3, 60, seed=9)
+    params = [SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True),
+              SamplingParams(max_new_tokens=40, temperature=1.0, seed=2, ignore_eos=True)]
+    params = [params[i % 2] for i in range(len(prompts))]
+    config = EngineConfig(num_pages=256, max_num_seqs=32)
+    engine = Engine(model, config)
+    assert engine.linear.fused_decode is not None and engine.graphs is not None
+    outs = engine.generate(prompts, params)
+    reference = Engine(model, config)
+    reference.linear.fused_decode = None
+    refs = reference.generate(prompts, params)
+    assert engine.stats.graph_steps > 0
+    assert [o.token_ids for o in outs] == [r.token_ids for r in refs]
+    for out, ref in zip(outs, refs):
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref.logprobs), atol=1e-4, rtol=0)
