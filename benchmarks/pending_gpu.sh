@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU measurements the open issues still owe, in priority order, each under its own time limit and all under
+# one budget, so one device command makes as many of them as its time allows. Logs go to $OUT/<name>.log (gzipped
+# at the end), a one-line result per item to stdout. Run from the project root on a GPU host:
+#   OUT=out BUDGET=560 bash benchmarks/pending_gpu.sh [item ...]      # no items: all of them, in this order
+# Needs `source benchmarks/host_setup.sh` first where the host has no network (wheels, embedded model), and
+# ../shared/data or DATA=<copy> for the items that read real data.
+set -u
+OUT=${OUT:-pending-gpu}
+DATA=${DATA:-../shared/data}
+mkdir -p "$OUT"
+t0=$(date +%s)
+left() { echo $(( ${BUDGET:-560} - ($(date +%s) - t0) )); }
+run() {  # run NAME LIMIT COMMAND...: skipped when the budget cannot give it 25 s
+  local name=$1 limit=$2; shift 2
+  local l; l=$(left); [ "$l" -lt 25 ] && { echo "SKIP $name (budget)"; return; }
+  [ "$limit" -gt "$l" ] && limit=$l
+  local s; s=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  echo "== $name rc=$rc $(( $(date +%s) - s ))s"; tail -"${TAIL:-8}" "$OUT/$name.log" | cut -c1-300
+}
+item() {
+  case $1 in
+    # #15: the hybrid GPU tests (fp32 now with IEEE products; the fused decode kernel), then where decode time goes
+    hybrid-tests) TAIL=12 run "$1" 240 python3 -m pytest -m gpu tests/engine/test_triton_delta_rule.py \
+        tests/engine/test_engine_hybrid_varlen.py tests/train/test_hybrid_gpu.py tests/engine/test_engine_hybrid_graphs.py \
+        -q -rA --tb=short -p no:cacheprovider -p no:warnings ;;
+    hybrid-host) TAIL=30 run "$1" 200 python3 benchmarks/hybrid_host_cpu.py --device cuda --seqs 64 --steps 48 ;;
+    hybrid-decode) TAIL=25 run "$1" 240 python3 benchmarks/hybrid.py --parts decode,prefill ;;
+    hybrid-train) TAIL=25 run "$1" 300 python3 benchmarks/hybrid.py --parts train --quick ;;
+    # #16: defaults against TRL (rollouts in flight now twice a step), the train step with defaults
+    vs-trl) TAIL=6 run "$1" 200 python3 benchmarks/vs_trl.py --data "$DATA/gsm8k/train.jsonl" --trl-backends generate \
+        --steps 8 --warmup-steps 2 --out "$OUT/vs_trl.md" ;;
+    train-step) TAIL=6 run "$1" 200 python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
+        --variants default,nockpt+compile+varlen@1 --profile ;;
+    # #16: the old stall, trainer and engine view both compiled, under the watchdog
+    stall-probe) TAIL=4 run "$1" 240 python3 benchmarks/watch_run.py --stall-seconds 60 -- train gsm8k_math \
+        --max-steps 60 --run-dir /tmp/stall-probe --overwrite --engine.compile=true --model.compile_layers=true ;;
+    engine-profile) TAIL=30 run "$1" 150 python3 benchmarks/profile_engine.py ;;
+    *) echo "unknown item $1" >&2; return 2 ;;
+  esac
+}
+items=("$@")
+[ ${#items[@]} -eq 0 ] && items=(hybrid-tests hybrid-host vs-trl hybrid-decode train-step stall-probe hybrid-train engine-profile)
+for name in "${items[@]}"; do item "$name"; done
+gzip -f "$OUT"/*.log 2>/dev/null
+echo "budget used: $(( $(date +%s) - t0 )) s"
