@@ -371,13 +371,26 @@ def byte_sum_environment():
 def torchrun(nproc: int, args: list[str], timeout_s: float, cwd: Path | None = None) -> str:
     """`python -m torch.distributed.run --nproc-per-node=N args` (gloo on CPU); its output, or the test fails on an
     error or on a hang (a deadlocked collective: gloo's own timeout is 30 minutes)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+    return launched(cmd, nproc, timeout_s, cwd)
+
+
+def accelerate_launch(nproc: int, args: list[str], timeout_s: float, cwd: Path | None = None) -> str:
+    """`accelerate launch --multi_gpu --num_processes N args`, as a user types it; without a GPU accelerate starts
+    the processes through torch's launcher and agentrl picks gloo. Output or failure as `torchrun`."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={nproc}",
+           "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no", *args]
+    return launched(cmd, nproc, timeout_s, cwd)
+
+
+def launched(cmd: list[str], nproc: int, timeout_s: float, cwd: Path | None) -> str:
+    """Run a launcher command for `nproc` processes in its own session: its output, or the test fails."""
     import os
     import signal
     import subprocess
 
     import pytest
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -386,7 +399,7 @@ def torchrun(nproc: int, args: list[str], timeout_s: float, cwd: Path | None = N
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the launcher and the workers it started: one session
         log, _ = proc.communicate()
-        pytest.fail(f"{nproc} processes running {args} did not finish in {timeout_s} s (deadlock?)\n{log[-4000:]}")
+        pytest.fail(f"{nproc} processes running {cmd} did not finish in {timeout_s} s (deadlock?)\n{log[-4000:]}")
     if proc.returncode:
-        pytest.fail(f"{nproc} processes running {args} failed (exit {proc.returncode})\n{log[-6000:]}")
+        pytest.fail(f"{nproc} processes running {cmd} failed (exit {proc.returncode})\n{log[-6000:]}")
     return log
