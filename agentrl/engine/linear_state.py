@@ -45,6 +45,7 @@ import functools
 import importlib.util
 import sys
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -80,11 +81,21 @@ def varlen_kernels(device: torch.device) -> VarlenKernels | None:
     return VarlenKernels(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule)
 
 
-def fused_decode(device: torch.device, activations: set[str]) -> Callable | None:
-    """`triton_delta_rule.decode_rows` where Triton compiles (CUDA) and the conv's activation is its SiLU, else None."""
-    if device.type != "cuda" or activations - {"silu", "swish"} or importlib.util.find_spec("triton") is None:
+def fused_decode(device: torch.device, modules: list, kernels) -> Callable | None:
+    """`triton_delta_rule.decode_rows` where Triton compiles (CUDA), the conv's activation is its SiLU and, checked
+    once here on the first layer, it matches the gathered path (`check_decode_rows`; else one warning); else None."""
+    if device.type != "cuda" or {m.activation for m in modules} - {"silu", "swish"} \
+            or importlib.util.find_spec("triton") is None:
         return None
-    from agentrl.engine.triton_delta_rule import decode_rows
+    from agentrl.engine.triton_delta_rule import check_decode_rows, decode_rows
+
+    first = modules[0]
+    rule = kernels.recurrent if kernels is not None else sys.modules[type(first).__module__].torch_recurrent_gated_delta_rule
+    failure = check_decode_rows(first, functools.partial(_decode_rows, first, rule))
+    if failure is not None:
+        warnings.warn(f"the fused hybrid decode kernel {failure}; decoding through the gathered rule instead",
+                      stacklevel=3)
+        return None
     return decode_rows
 
 
@@ -121,7 +132,7 @@ class LinearStates:
         # None: the per-sequence path. Settable, so a test or benchmark can run one engine on each path.
         self.kernels = varlen_kernels(self.device)
         # Decode rows as one fused step, states updated in place (`_decode_rows` less its rule); None: `_decode_rows`.
-        self.fused_decode = fused_decode(self.device, {m.activation for m in self.modules.values()})
+        self.fused_decode = fused_decode(self.device, list(self.modules.values()), self.kernels)
         self.num_slots = num_slots
         self.scratch = num_slots
         self.conv, self.recurrent = self.allocate(num_slots + 1)

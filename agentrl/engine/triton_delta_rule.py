@@ -145,3 +145,37 @@ def decode_rows(module, mixed, g, beta, conv_states, rec_states, slots):
     k = y[:, kd:2 * kd].unflatten(1, (-1, module.head_k_dim))
     v = y[:, 2 * kd:].unflatten(1, (-1, module.head_v_dim))
     return delta_rule_step(q, k, v, g, beta, rec_states, slots)
+
+
+def check_decode_rows(module, reference, rows: int = 3, seed: int = 0) -> str | None:
+    """Why `decode_rows` cannot stand in for `reference` (the gathered path, called as `reference(mixed, g, beta,
+    conv_states, rec_states, slots)`) on `module`'s layer here, or None. Run once when an engine starts, on random
+    inputs of the layer's shapes and dtype: a kernel that fails to compile or computes differently on this GPU and
+    Triton is left for the reference, rather than failing or silently skewing a run. Differences beyond rounding
+    count: the output within 2 bf16 steps of its scale (fp32: 1e-3), the states within 1e-4, the windows exact."""
+    weight = module.in_proj_qkv.weight
+    device, dtype = weight.device, weight.dtype
+    gen = torch.Generator(device=device).manual_seed(seed)
+    heads = module.value_dim // module.head_v_dim
+    width = module.conv_kernel_size - 1
+    slots = torch.tensor([3, 0, 1, 2][:rows], device=device)
+    mixed = torch.randn(rows, 2 * module.key_dim + module.value_dim, generator=gen, device=device).to(dtype)
+    g = -torch.rand(rows, heads, generator=gen, device=device)
+    beta = torch.rand(rows, heads, generator=gen, device=device).to(dtype)
+    conv = torch.randn(rows + 2, mixed.shape[1], width, generator=gen, device=device).to(dtype)
+    state = torch.randn(rows + 2, heads, module.head_k_dim, module.head_v_dim, generator=gen, device=device) * 0.1
+    try:
+        with torch.no_grad():
+            got_conv, got_state = conv.clone(), state.clone()
+            got = decode_rows(module, mixed, g, beta, got_conv, got_state, slots).float()
+            want_conv, want_state = conv.clone(), state.clone()
+            want = reference(mixed, g, beta, want_conv, want_state, slots).float()
+    except Exception as exc:  # whatever the compiler or the launch raises
+        return f"failed here ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]})"
+    out_tol = 1e-3 if dtype == torch.float32 else 2 * 2.0 ** -7
+    out_err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
+    state_err = float((got_state - want_state).abs().max() / want_state.abs().max().clamp_min(1e-6))
+    if out_err > out_tol or state_err > 1e-4 or not torch.equal(got_conv, want_conv):
+        return (f"differs from the reference here (output {out_err:.3g} of its scale, state {state_err:.3g}, "
+                f"windows {'equal' if torch.equal(got_conv, want_conv) else 'different'})")
+    return None

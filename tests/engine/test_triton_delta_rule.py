@@ -162,6 +162,30 @@ def test_engine_decode_with_the_fused_kernels_matches_the_reference_path(graphs)
     assert err < 1e-5, err
 
 
+@in_interpreter
+def test_the_startup_check_passes_the_kernels_and_catches_a_wrong_one(monkeypatch):
+    """`check_decode_rows`, which an engine runs once before trusting the fused decode on its GPU: silent on the
+    real kernels, a one-line reason for a kernel that computes differently (here a 1% error in the decay)."""
+    import functools
+
+    from agentrl.engine import triton_delta_rule
+    from agentrl.engine.linear_state import _decode_rows
+    from agentrl.models import load_model
+
+    torch.set_num_threads(1)
+    model = load_model("tiny-qwen3.5")[0]
+    module = next(m for m in model.modules() if hasattr(m, "in_proj_b"))
+    reference = functools.partial(_decode_rows, module, reference_rule())
+    assert triton_delta_rule.check_decode_rows(module, reference) is None
+    step = triton_delta_rule.delta_rule_step
+    monkeypatch.setattr(triton_delta_rule, "delta_rule_step",
+                        lambda q, k, v, g, *rest: step(q, k, v, g * 0.99, *rest))
+    failure = triton_delta_rule.check_decode_rows(module, reference)
+    assert failure is not None and failure.startswith("differs from the reference here"), failure
+    monkeypatch.setattr(triton_delta_rule, "delta_rule_step", lambda *a: 1 / 0)
+    assert triton_delta_rule.check_decode_rows(module, reference).startswith("failed here (ZeroDivisionError")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
