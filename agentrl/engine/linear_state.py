@@ -90,7 +90,8 @@ def fused_decode(device: torch.device, modules: list, kernels) -> Callable | Non
     from agentrl.engine.triton_delta_rule import check_decode_rows, decode_rows
 
     first = modules[0]
-    rule = kernels.recurrent if kernels is not None else sys.modules[type(first).__module__].torch_recurrent_gated_delta_rule
+    impl = sys.modules[type(first).__module__]
+    rule = kernels.recurrent if kernels is not None else impl.torch_recurrent_gated_delta_rule
     failure = check_decode_rows(first, functools.partial(_decode_rows, first, rule))
     if failure is not None:
         warnings.warn(f"the fused hybrid decode kernel {failure}; decoding through the gathered rule instead",
