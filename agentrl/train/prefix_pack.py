@@ -220,11 +220,6 @@ def plan_units(samples: Sequence[TrainingSample], row_tokens: int) -> list[Unit]
     return units
 
 
-def shares_a_prefix(samples: Sequence[TrainingSample], row_tokens: int) -> bool:
-    """Whether prefix-shared packing of `samples` computes any token once for several members."""
-    return any(len(unit.members) > 1 for unit in plan_units(samples, row_tokens))
-
-
 def _split_if_unshared(samples, unit: Unit) -> list[Unit]:
     if unit.prefix_len == 0 and len(unit.members) > 1:
         return [Unit((i,), 0, (n,)) for i, n in zip(unit.members, unit.suffix_lens)]
@@ -235,16 +230,17 @@ def _split_if_unshared(samples, unit: Unit) -> list[Unit]:
 
 
 def pack_shared(samples: Sequence[TrainingSample], row_tokens: int, *, pad_token_id: int = 0,
-                pad_to_multiple: int = 1) -> SharedBatch:
+                pad_to_multiple: int = 1, units: list[Unit] | None = None) -> SharedBatch:
     """Pack `samples` with each group's common prefix laid out once (see the module docstring); rows hold at most
-    `row_tokens` real tokens, the width is the fullest row rounded up to `pad_to_multiple` as in `pack_samples`."""
+    `row_tokens` real tokens, the width is the fullest row rounded up to `pad_to_multiple` as in `pack_samples`.
+    `units`: `plan_units(samples, row_tokens)` if the caller has it already."""
     if not samples:
         raise ValueError("pack_shared needs at least one sample")
     for sample in samples:
         sample.validate()
     if pad_to_multiple < 1:
         raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
-    units = plan_units(samples, row_tokens)
+    units = units if units is not None else plan_units(samples, row_tokens)
     placement = first_fit_decreasing([u.length for u in units], row_tokens)
     fill = [sum(units[u].length for u in row) for row in placement]
     width = -(-max(fill) // pad_to_multiple) * pad_to_multiple

@@ -21,7 +21,7 @@ from agentrl.train.loss import loss_denominator, policy_loss
 from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
 from agentrl.train.pack import pack_samples
 from agentrl.train.prefix_forward import prefix_sharing_error, prefix_sharing_unsupported, shared_token_logprobs
-from agentrl.train.prefix_pack import SharedBatch, groups_of, pack_shared, prefix_tree_tokens, shares_a_prefix
+from agentrl.train.prefix_pack import SharedBatch, groups_of, pack_shared, plan_units, prefix_tree_tokens
 
 # A tree mask read wrongly changes hidden states by O(1); rounding (bf16 included) stays far below this.
 _TREE_ERROR_LIMIT = 0.05
@@ -57,11 +57,13 @@ class Trainer:
                 warnings.warn(f"prefix-shared forward {found} on this model and attention; training on unshared "
                               f"packing", stacklevel=2)
         cfg = self.config
-        # A batch whose groups share nothing (no group ids, or members that differ from their first token) takes
-        # the plain packed forward: the tree-mask path would compute the same tokens with more work around them.
-        share = self.share_prefix and shares_a_prefix(samples, cfg.row_tokens)
-        pack = pack_shared if share else pack_samples
-        return pack(samples, cfg.row_tokens, pad_token_id=self.pad_token_id, pad_to_multiple=self.pad_multiple)
+        units = plan_units(samples, cfg.row_tokens) if self.share_prefix else []
+        if any(len(unit.members) > 1 for unit in units):
+            return pack_shared(samples, cfg.row_tokens, pad_token_id=self.pad_token_id,
+                               pad_to_multiple=self.pad_multiple, units=units)
+        # Groups that share nothing (no group ids, or members that differ from their first token) take the plain
+        # packed forward: the tree-mask path would compute the same tokens with more work around them.
+        return pack_samples(samples, cfg.row_tokens, pad_token_id=self.pad_token_id, pad_to_multiple=self.pad_multiple)
 
     def step(self, samples: Sequence[TrainingSample], policy_version: int,
              guard: Callable[[], ContextManager] = contextlib.nullcontext) -> dict:

@@ -10,7 +10,6 @@ fresh slots). On CUDA with flash-linear-attention the real kernels are compared 
 """
 
 import importlib.util
-import os
 import sys
 
 import pytest
@@ -21,12 +20,6 @@ from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.engine.linear_state import FLA_CHUNK_SIZE, VarlenKernels
 from agentrl.models import load_model
 from tests.helpers import random_prompts
-
-# fla's delta-rule kernels multiply fp32 inputs in tf32, Triton's default input precision for `tl.dot` (the fp32
-# comparisons here measured 1.8e-3 on the H200 that way); the fp32 tests compare fp32 arithmetic, so every Triton
-# kernel of this process compiles with IEEE fp32 products. Set on import, before any kernel of the session
-# compiles (not verified on a GPU yet). bf16 inputs are unaffected.
-os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 
 PARAMS = [SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True),
           SamplingParams(max_new_tokens=12, temperature=1.0, seed=3, ignore_eos=True),
@@ -152,7 +145,7 @@ def test_fla_varlen_path_matches_the_per_sequence_path_on_cuda():
     """fp32 on CUDA: the engine with fla's varlen and fused recurrent kernels against the per-sequence path,
     three turns of conversations advancing together, prefix cache and decode graphs on. Tokens equal, logprobs
     within 1e-4 (both paths run fla's kernels, where transformers resolves its rules to fla's, over different
-    segmentations; in IEEE fp32, TRITON_F32_DEFAULT above)."""
+    segmentations; in IEEE fp32, TRITON_F32_DEFAULT, tests/conftest.py)."""
     model, _ = load_model("tiny-qwen3.5", device="cuda")
     system = random_prompts(1, 150, 151, seed=5)[0]
     contexts = [system + p for p in random_prompts(12, 1, 60, seed=6)] + random_prompts(4, 1, 4, seed=7)

@@ -22,9 +22,6 @@ pytest.importorskip("triton")
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 in_interpreter = pytest.mark.skipif(not INTERPRETING, reason="runs in the child of test_kernels_in_interpreter")
-# The GPU tests compare fp32 arithmetic: IEEE fp32 products in every Triton kernel of the process (fla's multiply
-# fp32 in tf32 by default, ~1e-3 off on the H200), set before any kernel compiles, as test_engine_hybrid_varlen.py.
-os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 
 
 def test_kernels_in_interpreter():

@@ -7,7 +7,6 @@ in for fla's (tests/train/test_linear_conv.py, tests/run/test_hybrid_defaults.py
 """
 
 import importlib.util
-import os
 import json
 
 import pytest
@@ -19,12 +18,6 @@ from agentrl.run import build
 from agentrl.sample import TrainingSample
 from agentrl.train.config import ModelConfig, TrainerConfig
 from agentrl.train.pack import pack_samples
-
-# fla's delta-rule kernels multiply fp32 inputs in tf32, Triton's default input precision for `tl.dot` (the fp32
-# comparisons here measured 1.8e-3 on the H200 that way); the fp32 tests compare fp32 arithmetic, so every Triton
-# kernel of this process compiles with IEEE fp32 products. Set on import, before any kernel of the session
-# compiles (not verified on a GPU yet). bf16 inputs are unaffected.
-os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or importlib.util.find_spec("fla") is None,
@@ -76,7 +69,7 @@ def trainable(dtype):
 def test_packed_logprobs_equal_per_sample_in_fp32(monkeypatch):
     """fp32: hidden states within 1e-5 (their scale is a few units), logprobs within 1e-5 relative. The random
     model's logprobs reach -50, where one fp32 ulp is 3.8e-6: the CPU version of this comparison differs by 4 ulps
-    (1.5e-5 at -32). fla's kernels run IEEE fp32 products here (TRITON_F32_DEFAULT above); cuDNN's tf32 is
+    (1.5e-5 at -32). fla's kernels run IEEE fp32 products here (tests/conftest.py); cuDNN's tf32 is
     turned off so that the convolutions are fp32 too."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     model = trainable(torch.float32)

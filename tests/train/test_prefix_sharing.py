@@ -309,13 +309,12 @@ def test_a_row_without_trained_tokens_steps_like_unshared_packing():
 
 def test_a_batch_whose_groups_share_nothing_takes_the_plain_packing():
     from agentrl.train.pack import PackedBatch
-    from agentrl.train.prefix_pack import SharedBatch, shares_a_prefix
+    from agentrl.train.prefix_pack import SharedBatch
 
     trainer = _trainer(_model(), True)
     samples = _groups()
-    assert shares_a_prefix(samples, 64) and isinstance(trainer.pack(samples), SharedBatch)
+    assert isinstance(trainer.pack(samples), SharedBatch)
     loners = [_sample(s.input_ids, s.trainable, 1.0, None) for s in samples]  # no group ids
-    assert not shares_a_prefix(loners, 64)
     assert type(trainer.pack(loners)) is PackedBatch
     # and the metrics say nothing was shared
     assert trainer.step(loners, policy_version=3)["prefix_shared_tokens"] == 0
@@ -352,12 +351,7 @@ def test_a_kernel_that_misreads_the_tree_is_caught_and_the_trainer_falls_back():
     assert prefix_sharing_error(_model(va.register("agentrl_varlen_reference", va.reference_kernel))) < 1e-5
     model = _model(va.register("agentrl_varlen_top_left", _top_left_kernel))
     assert prefix_sharing_error(model) > 0.1
-    trainer = _trainer(model, True)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        metrics = trainer.step(_groups(model.config.vocab_size), policy_version=3)
-    assert any("unshared packing" in str(w.message) for w in caught)
-    assert trainer.share_prefix is False and metrics["prefix_shared_tokens"] == 0
+    _steps_unshared_with_a_warning(model, "unshared packing")
 
 
 def test_a_forward_that_fails_turns_sharing_off(monkeypatch):
@@ -369,12 +363,16 @@ def test_a_forward_that_fails_turns_sharing_off(monkeypatch):
         raise RuntimeError("LoweringException: NoValidChoicesError: No choices to select\nmore detail")
 
     monkeypatch.setattr(trainer_module, "prefix_sharing_error", cannot_compile)
-    model = _model("sdpa")
+    _steps_unshared_with_a_warning(_model("sdpa"), "failed (RuntimeError: LoweringException")
+
+
+def _steps_unshared_with_a_warning(model, says: str) -> None:
+    """A sharing trainer's first step on `model`: it warns (`says` in the message) and packs unshared."""
     trainer = _trainer(model, True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         metrics = trainer.step(_groups(model.config.vocab_size), policy_version=3)
-    assert any("failed (RuntimeError: LoweringException" in str(w.message) for w in caught)
+    assert any(says in str(w.message) for w in caught)
     assert trainer.share_prefix is False and metrics["prefix_shared_tokens"] == 0
 
 
