@@ -34,6 +34,7 @@ script runs, no figure); there any error ends the run, on the GPU a failing part
 
 usage: python benchmarks/hybrid.py [--quick] [--skip-hf] [--parts decode,prefill,train] [--tokens 25000]
                                    [--steps 3] [--budget 300] [--smoke]
+                                   [--step-times] [--cprofile] [--profile]
 """
 
 from __future__ import annotations
@@ -136,9 +137,10 @@ class Pass:
     prefilled: int  # tokens run through prefill chunks
 
 
-def drive(engine, prompts, sampling, limit_s: float) -> Pass:
+def drive(engine, prompts, sampling, limit_s: float, step_log: list | None = None) -> Pass:
     """Submit `prompts` and step the engine by hand until every one finishes or `limit_s` passes (then the rest are
-    cancelled and drained, untimed). The prefill phase ends when every request has its first token."""
+    cancelled and drained, untimed). The prefill phase ends when every request has its first token. `step_log`, if
+    given, gets one `(seconds, kind)` per step (`step_kind`)."""
     device = engine.device
     before = engine.stats
     sync(device)
@@ -146,8 +148,11 @@ def drive(engine, prompts, sampling, limit_s: float) -> Pass:
     ids = [engine.submit(p, sampling) for p in prompts]
     done, prefill_s, stopped = {}, None, False
     while len(done) < len(ids):
+        t, s0 = time.perf_counter(), engine.stats if step_log is not None else None
         for c in engine.step():
             done[c.request_id] = c
+        if step_log is not None:
+            step_log.append((time.perf_counter() - t, step_kind(s0, engine.stats)))
         if prefill_s is None and len(engine._live) + len(done) == len(ids) and all(
                 s.logprobs for s in engine._live.values()):
             sync(device)
@@ -252,6 +257,27 @@ def pct(x: float) -> str:
 
 # ------------------------------------------------------------------------------------------------ 1. decode
 
+def step_kind(before, after) -> str:
+    """What one engine step was, from the stats around it: a graph replay or an eager step, and whether it took state
+    snapshots."""
+    kind = "graph" if after.graph_steps > before.graph_steps else (
+        "eager decode" if after.decode_steps > before.decode_steps and after.prefilled_tokens == before.prefilled_tokens
+        else "prefill")
+    return kind + (" + snapshots" if after.snapshots_taken > before.snapshots_taken else "")
+
+
+def step_table(step_log: list) -> None:
+    """Where the timed pass's wall time went, by kind of step: count, total, median and slowest."""
+    import statistics
+
+    print(f"\n#### Engine steps of the timed pass ({len(step_log)} steps, {sum(t for t, _ in step_log):.2f} s)\n")
+    print("| kind | steps | total s | median ms | max ms |\n|---|---|---|---|---|")
+    for kind in sorted({k for _, k in step_log}):
+        ts = [t for t, k in step_log if k == kind]
+        print(f"| {kind} | {len(ts)} | {sum(ts):.2f} | {statistics.median(ts) * 1e3:.1f} | {max(ts) * 1e3:.1f} |")
+    print("first 12 steps (ms, kind): " + ", ".join(f"{t * 1e3:.0f} {k}" for t, k in step_log[:12]), flush=True)
+
+
 def profile_decode(engine, prompts, new_tokens: int, steps: int = 8) -> None:
     """The GPU kernels of `steps` pure-decode steps (every prompt prefilled first), by total time: where a decode
     step of the hybrid goes."""
@@ -287,11 +313,28 @@ def decode_part(model, sizes: Sizes, args, report: Report, device) -> None:
     start = time.perf_counter()
     # A prefill budget of 8192 tokens a step admits 32 prompts of 256 at once, as in engine.py.
     engine = Engine(model, EngineConfig(max_num_seqs=n, max_model_len=plen + new + 64, max_tokens_per_step=8192))
-    drive(engine, warm, greedy(16), sizes.limit_s / 2)
+    # The warm-up runs the timed pass's whole length: Triton kernels specialise on the contexts they meet (a first
+    # run on a fresh machine compiled 29 of them inside the timed pass after a 16-token warm-up).
+    drive(engine, warm, greedy(new), sizes.limit_s / 2)
     setup_s = time.perf_counter() - start
     reset_peak(device)
     stats0 = engine.stats
-    run = drive(engine, prompts, greedy(new), sizes.limit_s)
+    step_log = [] if args.step_times else None
+    profiler = None
+    if args.cprofile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    run = drive(engine, prompts, greedy(new), sizes.limit_s, step_log)
+    if profiler is not None:
+        import pstats
+
+        profiler.disable()
+        print("\n#### Host profile of the timed decode pass (cProfile, by own time)\n", flush=True)
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(30)
+    if step_log is not None:
+        step_table(step_log)
     engine_peak = peak_gib(device)
     stats = engine.stats
     state_check = engine.linear.bytes_per_state if engine.linear is not None else None
@@ -327,7 +370,7 @@ def decode_part(model, sizes: Sizes, args, report: Report, device) -> None:
         f"the engine's own sizing: {(state_check or 0) / 2**20:.1f} MiB)",
         f"goals: >= 40% of the roofline: {goal(tok_s >= 0.4 * roof)}; >= 8x `generate`: "
         + (goal(hf is not None and tok_s >= 8 * hf["generated"] / hf["seconds"]) if not args.skip_hf else "not run"),
-        f"engine: set-up + warm-up pass (other prompts, same shapes, 16 tokens) {setup_s:.1f} s, untimed; "
+        f"engine: set-up + warm-up pass (other prompts, same shapes) {setup_s:.1f} s, untimed; "
         f"{stats.decode_steps - stats0.decode_steps} decode steps, {stats.graph_steps - stats0.graph_steps} from CUDA "
         f"graphs; {stats.snapshots_taken - stats0.snapshots_taken} state snapshots taken (prefix cache on, the "
         f"default; their copies are not in the roofline); delta rule: {delta_rule_kernel(model)}",
@@ -434,6 +477,8 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="timed train steps (default 3; 2 with --quick)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, CPU, fp32: checks the script runs")
     ap.add_argument("--profile", action="store_true", help="also print the kernels of a few decode steps")
+    ap.add_argument("--step-times", action="store_true", help="decode: the timed pass's steps by kind and time")
+    ap.add_argument("--cprofile", action="store_true", help="decode: the timed pass under cProfile (host time)")
     ap.add_argument("--budget", type=float, default=300.0,
                     help="seconds: a part that would start later than this is skipped (and reported so)")
     args = ap.parse_args()

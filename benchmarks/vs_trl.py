@@ -15,6 +15,7 @@ transformers' continuous batching.
 usage: python benchmarks/vs_trl.py [--model smollm2-135m-instruct] [--data ../shared/data/gsm8k/train.jsonl]
            [--steps 10] [--warmup-steps 2] [--prompts 8] [--completions 8] [--max-new-tokens 128]
            [--trl-backends generate,continuous_batching] [--trl-micro-batch N] [--out table.md]
+           [--agentrl-variants "rollout.rollouts_in_flight=64;trainer.row_tokens=8192,..."]
 CPU smoke: python benchmarks/vs_trl.py --model tiny-qwen3 --steps 2 --prompts 2 --completions 2 --max-new-tokens 8
 """
 
@@ -51,11 +52,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trl-micro-batch", type=int, default=None,
                    help="TRL's per-device batch (gradient accumulation makes up the rest); default: the whole step")
     p.add_argument("--out", default=None, help="also write the table here as markdown")
+    p.add_argument("--agentrl-variants", default="",
+                   help="more agentrl rows, ';'-separated, each a ','-separated list of key=value overrides of the "
+                        "default config (what a default would gain by changing)")
     return p.parse_args(argv)
 
 
-def agentrl_config(args, run_dir: str) -> TrainConfig:
-    """agentrl's defaults with the mirrored budget set: one answer turn, no tools (the calculator is off)."""
+def agentrl_config(args, run_dir: str, overrides: list[str] = ()) -> TrainConfig:
+    """agentrl's defaults with the mirrored budget set: one answer turn, no tools (the calculator is off);
+    `overrides` (`key=value`) on top, for a variant row."""
     data = args.data if args.data and Path(args.data).exists() else None
     if args.data and data is None:
         print(f"vs_trl: {args.data} not found; both systems use the environment's built-in data", file=sys.stderr)
@@ -67,7 +72,7 @@ def agentrl_config(args, run_dir: str) -> TrainConfig:
                     "max_new_tokens": args.max_new_tokens, "temperature": args.temperature},
         "optim": {"lr": args.lr},
         "checkpoint": {"run_dir": run_dir, "save_every": 0, "resume": False},
-    })
+    }, overrides=list(overrides))
 
 
 def trl_fields(cfg: TrainConfig, *, cuda: bool, micro_batch: int | None = None) -> tuple[dict, list, list]:
@@ -166,6 +171,8 @@ class Steps:
     generated: list = field(default_factory=list)
     trained: list = field(default_factory=list)
     reward: list = field(default_factory=list)
+    waited: list = field(default_factory=list)  # agentrl: seconds the step waited for finished rollouts
+    trained_s: list = field(default_factory=list)  # agentrl: seconds of the trainer's step (optimizer included)
     peak_gib: float | None = None
     error: str | None = None
 
@@ -206,6 +213,8 @@ def run_agentrl(cfg: TrainConfig, steps: Steps) -> None:
         steps.generated.append(m["generated_tokens"])
         steps.trained.append(m["trained_tokens"])
         steps.reward.append(m["rollout/reward"])
+        steps.waited.append(m["wait_seconds"])
+        steps.trained_s.append(m["train_seconds"])
 
 
 def plain_model_dir(name: str, tmp: Path) -> Path:
@@ -303,6 +312,12 @@ def render(args, results: list[Steps], rows: list, unmatched: list, header: list
         speed = f"{m['s/step'] / base:.2f}×" if base else "—"
         lines.append(f"| {s.name} | {m['s/step']:.3f} | {m['gen tok/s']:.0f} | {m['trained tok/s']:.0f} | {peak} "
                      f"| {m['reward']:.3f} | {speed} |")
+    for s in results:
+        skip = args.warmup_steps if len(s.waited) > args.warmup_steps else 0
+        if s.waited[skip:] and not s.error:
+            lines.append(f"{s.name}: a step's median wait for finished rollouts "
+                         f"{statistics.median(s.waited[skip:]):.3f} s, median trainer step "
+                         f"{statistics.median(s.trained_s[skip:]):.3f} s.")
     lines += ["", "Reward per step: " + "; ".join(f"{s.name} [{', '.join(f'{v:.2f}' for v in s.reward)}]"
                                                  for s in results if s.reward)]
     trl = [(s.summary(args.warmup_steps)["s/step"], s.name) for s in results
@@ -335,6 +350,10 @@ def main(argv=None) -> int:
         model_dir = plain_model_dir(cfg.model.name, tmp)
         same_prompt = prompt_ids_match(cfg, model_dir)
         results = [measured(lambda s: run_agentrl(cfg, s), "agentrl")]
+        for i, variant in enumerate(v for v in args.agentrl_variants.split(";") if v.strip()):
+            overrides = ["--" + o.strip().removeprefix("--") for o in variant.split(",") if o.strip()]
+            other = agentrl_config(args, str(tmp / f"agentrl-{i}"), overrides)
+            results.append(measured(lambda s: run_agentrl(other, s), f"agentrl {' '.join(overrides)}"))
         for backend in backends:
             options = {**kwargs, **BACKENDS[backend]}
             results.append(measured(lambda s: run_trl(cfg, options, model_dir, str(tmp / f"trl-{backend}"), s),

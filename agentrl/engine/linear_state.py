@@ -92,7 +92,7 @@ def fused_decode(device: torch.device, modules: list, kernels) -> Callable | Non
     first = modules[0]
     impl = sys.modules[type(first).__module__]
     rule = kernels.recurrent if kernels is not None else impl.torch_recurrent_gated_delta_rule
-    failure = check_decode_rows(first, functools.partial(_decode_rows, first, rule))
+    failure = check_decode_rows(first, lambda module, *args: _decode_rows(module, rule, *args))
     if failure is not None:
         warnings.warn(f"the fused hybrid decode kernel {failure}; decoding through the gathered rule instead",
                       stacklevel=3)

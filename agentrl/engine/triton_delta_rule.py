@@ -148,11 +148,30 @@ def decode_rows(module, mixed, g, beta, conv_states, rec_states, slots):
 
 
 def check_decode_rows(module, reference, rows: int = 3, seed: int = 0) -> str | None:
-    """Why `decode_rows` cannot stand in for `reference` (the gathered path, called as `reference(mixed, g, beta,
-    conv_states, rec_states, slots)`) on `module`'s layer here, or None. Run once when an engine starts, on random
-    inputs of the layer's shapes and dtype: a kernel that fails to compile or computes differently on this GPU and
-    Triton is left for the reference, rather than failing or silently skewing a run. Differences beyond rounding
-    count: the output within 2 bf16 steps of its scale (fp32: 1e-3), the states within 1e-4, the windows exact."""
+    """Why `decode_rows` cannot stand in for `reference` (the gathered path, called as `reference(module, mixed, g,
+    beta, conv_states, rec_states, slots)`) on `module`'s layer here, or None. Run once when an engine starts, on
+    random inputs of the layer's shapes: a kernel that fails to compile or computes differently on this GPU and
+    Triton is left for the reference, rather than failing or silently skewing a run.
+
+    Two checks. In fp32 (an fp32 copy of the layer where it is not fp32 already) both sides compute the same values,
+    so differences beyond summation order are errors: the output within 1e-3 of its scale, the states within 1e-4,
+    the windows exact. In the layer's own dtype (the variant the engine runs) the reference rounds the conv's output
+    and its SiLU to bf16 one after the other where the kernel rounds once, so q, k and v may differ by a unit in
+    their last place and the states by as much relative to an update: there the check is that the kernel compiles
+    and lands within two units of the dtype (output and states), the windows still exact."""
+    import copy
+
+    dtype = module.in_proj_qkv.weight.dtype
+    modules = [(module, dtype)] if dtype == torch.float32 else [(copy.deepcopy(module).float(), torch.float32),
+                                                                   (module, dtype)]
+    for layer, dt in modules:
+        failure = _check_once(layer, reference, rows, seed)
+        if failure is not None:
+            return failure if dt == dtype else f"{failure} in fp32"
+    return None
+
+
+def _check_once(module, reference, rows: int, seed: int) -> str | None:
     weight = module.in_proj_qkv.weight
     device, dtype = weight.device, weight.dtype
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -169,13 +188,13 @@ def check_decode_rows(module, reference, rows: int = 3, seed: int = 0) -> str | 
             got_conv, got_state = conv.clone(), state.clone()
             got = decode_rows(module, mixed, g, beta, got_conv, got_state, slots).float()
             want_conv, want_state = conv.clone(), state.clone()
-            want = reference(mixed, g, beta, want_conv, want_state, slots).float()
+            want = reference(module, mixed, g, beta, want_conv, want_state, slots).float()
     except Exception as exc:  # whatever the compiler or the launch raises
         return f"failed here ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]})"
-    out_tol = 1e-3 if dtype == torch.float32 else 2 * 2.0 ** -7
+    out_tol, state_tol = (1e-3, 1e-4) if dtype == torch.float32 else (2 * 2.0 ** -7, 2 * 2.0 ** -7)
     out_err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
     state_err = float((got_state - want_state).abs().max() / want_state.abs().max().clamp_min(1e-6))
-    if out_err > out_tol or state_err > 1e-4 or not torch.equal(got_conv, want_conv):
+    if out_err > out_tol or state_err > state_tol or not torch.equal(got_conv, want_conv):
         return (f"differs from the reference here (output {out_err:.3g} of its scale, state {state_err:.3g}, "
                 f"windows {'equal' if torch.equal(got_conv, want_conv) else 'different'})")
     return None

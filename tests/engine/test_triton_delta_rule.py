@@ -8,6 +8,7 @@ them directly. The GPU test compiles the kernel for real (CUDA only).
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -163,24 +164,46 @@ def test_engine_decode_with_the_fused_kernels_matches_the_reference_path(graphs)
 def test_the_startup_check_passes_the_kernels_and_catches_a_wrong_one(monkeypatch):
     """`check_decode_rows`, which an engine runs once before trusting the fused decode on its GPU: silent on the
     real kernels, a one-line reason for a kernel that computes differently (here a 1% error in the decay)."""
-    import functools
 
     from agentrl.engine import triton_delta_rule
     from agentrl.engine.linear_state import _decode_rows
     from agentrl.models import load_model
 
     torch.set_num_threads(1)
+    rule = reference_rule()
+
+    def reference(module, *args):
+        return _decode_rows(module, rule, *args)
+
     model = load_model("tiny-qwen3.5")[0]
     module = next(m for m in model.modules() if hasattr(m, "in_proj_b"))
-    reference = functools.partial(_decode_rows, module, reference_rule())
     assert triton_delta_rule.check_decode_rows(module, reference) is None
     step = triton_delta_rule.delta_rule_step
     monkeypatch.setattr(triton_delta_rule, "delta_rule_step",
                         lambda q, k, v, g, *rest: step(q, k, v, g * 0.99, *rest))
     failure = triton_delta_rule.check_decode_rows(module, reference)
     assert failure is not None and failure.startswith("differs from the reference here"), failure
+    # A bf16 layer: the same wrong decay is caught by the fp32 check, which runs first on a copy of the layer.
+    bf16 = copy.deepcopy(module).to(torch.bfloat16)
+    failure = triton_delta_rule.check_decode_rows(bf16, reference)
+    assert failure is not None and failure.endswith("in fp32"), failure
     monkeypatch.setattr(triton_delta_rule, "delta_rule_step", lambda *a: 1 / 0)
     assert triton_delta_rule.check_decode_rows(module, reference).startswith("failed here (ZeroDivisionError")
+
+
+@in_interpreter
+def test_the_startup_check_passes_a_bf16_layer_whose_reference_rounds_twice():
+    """A bf16 layer: the reference rounds the conv output and its SiLU to bf16 separately, the kernel once, so their
+    states differ by about a bf16 unit relative to an update (7e-3 of the state's scale here, 1.0e-3 on an H200: the
+    former 1e-4 bound refused the kernel there). The kernels pass both checks."""
+    from agentrl.engine import triton_delta_rule
+    from agentrl.engine.linear_state import _decode_rows
+    from agentrl.models import load_model
+
+    torch.set_num_threads(1)
+    rule = reference_rule()
+    module = next(m for m in load_model("tiny-qwen3.5", dtype=torch.bfloat16)[0].modules() if hasattr(m, "in_proj_b"))
+    assert triton_delta_rule.check_decode_rows(module, lambda m, *a: _decode_rows(m, rule, *a)) is None
 
 
 @pytest.mark.gpu
