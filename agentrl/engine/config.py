@@ -42,6 +42,9 @@ class EngineConfig:
     `compile`: torch.compile the view's decoder layers (None: on CUDA for models without linear-attention
     layers; never on a tensor-parallel model); the training model is untouched. Costs a compile at the first steps.
     On a tensor-parallel model every tp rank must use the same config (checked when the engine is built).
+    `separate_stream`: the background thread (`Engine.start()`, as in training) queues its kernels on a CUDA stream
+    of its own rather than the one the trainer's thread uses, so the GPU may run decode steps and training kernels
+    side by side; what both touch is ordered by `Engine.pause()` and the KV release (`agentrl.engine.streams`).
     `state_snapshots` (hybrid models, with the prefix cache): how many linear-attention state snapshots the
     prefix cache keeps as resume points (see `agentrl.engine.state_snapshots`); None: `max_num_seqs`, as many as
     a quarter of the pool's budget holds. They are paid for out of the pool's budget (fewer pages), unless
@@ -67,6 +70,7 @@ class EngineConfig:
     mixed_step_graphs: bool = True
     overlap: bool = True
     compile: bool | None = None
+    separate_stream: bool = False
     state_snapshots: int | None = None
 
     def __post_init__(self):

@@ -59,6 +59,7 @@ from agentrl.engine.model_view import compile_decoder_layers, geometry, make_vie
 from agentrl.engine.sampler import Sampler
 from agentrl.engine.scheduler import FINISHED, Scheduler, Sequence
 from agentrl.engine.stats import EngineStats
+from agentrl.engine.streams import EngineStream
 from agentrl.engine.step_layout import fill_placeholders, layout_step, step_inputs, upload
 from agentrl.engine.tensor_parallel import TensorParallel
 from agentrl.engine.types import Completion, SamplingParams
@@ -126,6 +127,7 @@ class Engine:
         self.mixed_graphs = (MixedGraphs(self.forward_parts, config.max_num_seqs, config.max_tokens_per_step)
                              if graphs and config.mixed_step_graphs and self.linear is None else None)
         self.sampler = Sampler(self.device)
+        self._stream = EngineStream(self.device, config.separate_stream)  # the background thread's (streams.py)
         self.policy_version = 0
         self._stats = EngineStats(total_pages=num_pages)
         self._lock = threading.RLock()  # held for a whole step
@@ -408,8 +410,13 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+            self._stream.hand_back()
 
     def _loop(self) -> None:
+        with self._stream.running():
+            self._run_loop()
+
+    def _run_loop(self) -> None:
         try:
             while not self._stopping:
                 if self._released or not self.has_work():
@@ -452,7 +459,7 @@ class Engine:
     @contextlib.contextmanager
     def pause(self):
         """No step runs inside: wrap an optimizer step (and the bump) so no token mixes two weight sets."""
-        with self._lock:
+        with self._lock, self._stream.joined():
             t = time.perf_counter()
             try:
                 yield self
@@ -469,7 +476,7 @@ class Engine:
     def warmup(self) -> None:
         """Capture the decode graphs of every batch-size bucket now rather than at the first pure-decode step
         (which does it otherwise). No-op without graphs."""
-        with self._lock:
+        with self._lock, self._stream.joined():
             if self.graphs is not None and not self._released:
                 self.graphs.warmup()
 
@@ -477,7 +484,7 @@ class Engine:
         """Hand the KV pool's device memory back (e.g. for a training step); live sequences keep their KV
         on the host and continue exactly after `restore_kv()`. Decode graphs are kept: they are replayed again
         if the restored pool lands at the same address, and captured again if not (see cuda_graphs.py)."""
-        with self._lock:
+        with self._lock, self._stream.joined():
             if self._released:
                 return
             self.pool.drop_unreferenced()  # those pages are not saved: stop advertising them
@@ -491,7 +498,7 @@ class Engine:
             self._released = True
 
     def restore_kv(self) -> None:
-        with self._lock:
+        with self._lock, self._stream.joined():
             if not self._released:
                 return
             self.storage.restore()

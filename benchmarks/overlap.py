@@ -1,0 +1,201 @@
+"""The RL step's two threads on one GPU: the engine decoding in the background while the trainer steps, as in
+`agentrl train`, without an environment or files (random weights, random prompts), so the contention between them
+is measured on its own.
+
+Model: SmolLM2-135M's shape (`benchmarks/train_step.py`), bf16 on CUDA (fp32 on the CPU), trainer built as
+`agentrl train` builds it with default options (compiled decoder layers on CUDA). Each step takes 8 groups of 8
+completions (a 320-token prompt per group, <= 128 new tokens, temperature 1.0), as `benchmarks/vs_trl.py`'s step,
+while the engine keeps `--in-flight` rollouts decoding (whole groups are resubmitted as soon as a step takes its
+groups); the update runs under `Engine.pause()` and bumps the policy version, as a run's does.
+
+Rows: the trainer step alone on such samples (the engine idle), then the loop with the engine on the trainer's
+stream and on its own (`engine.separate_stream`). Per row: s/step (median after `--warmup` steps), the median wait
+for a step's groups, the median trainer step, and generated tokens/s over the measured steps.
+
+usage: python benchmarks/overlap.py [--steps 10] [--warmup 3] [--in-flight 128] [--rows-per-micro-batch 1]
+CPU smoke: python benchmarks/overlap.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for `benchmarks` and `agentrl`
+
+from benchmarks.train_step import default_trainer, device, shaped_model, synchronize  # noqa: E402
+
+GROUP, GROUPS_PER_STEP, PROMPT, NEW = 8, 8, 320, 128
+
+
+def tiny_model(on: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      intermediate_size=128, vocab_size=512, max_position_embeddings=2048, eos_token_id=2,
+                      pad_token_id=2, bos_token_id=1)
+    with torch.device(on):
+        return LlamaForCausalLM(cfg)
+
+
+def sample_of(prompt: list[int], completion, advantage: float, group: int):
+    from agentrl.sample import TrainingSample
+
+    n = len(completion.token_ids)
+    return TrainingSample(prompt + completion.token_ids, [0] * len(prompt) + [1] * n,
+                          [0.0] * len(prompt) + list(completion.logprobs), [-1] * len(prompt) + list(completion.versions),
+                          advantage=advantage, group_id=group)
+
+
+class Rollouts:
+    """Whole groups kept decoding in the background engine; `take()` returns a step's finished groups as samples."""
+
+    def __init__(self, engine, in_flight: int, vocab: int, new_tokens: int, prompt_tokens: int):
+        self.engine, self.vocab, self.new, self.prompt_tokens = engine, vocab, new_tokens, prompt_tokens
+        self.rng = random.Random(0)
+        self.done: queue.Queue = queue.Queue()
+        self.pending: dict[int, list] = {}  # group -> finished completions
+        self.prompts: dict[int, list[int]] = {}
+        self.next_group = 0
+        for _ in range(max(1, in_flight // GROUP)):
+            self.submit_group()
+
+    def submit_group(self) -> None:
+        from agentrl.engine import SamplingParams
+
+        g, self.next_group = self.next_group, self.next_group + 1
+        prompt = [self.rng.randrange(3, self.vocab) for _ in range(self.prompt_tokens)]
+        self.prompts[g], self.pending[g] = prompt, []
+        for i in range(GROUP):
+            params = SamplingParams(max_new_tokens=self.new, temperature=1.0, seed=g * GROUP + i)
+            self.engine.submit(prompt, params, callback=lambda c, g=g: self.done.put((g, c)))
+
+    def take(self, groups: int) -> list:
+        ready: list[int] = []
+        while len(ready) < groups:
+            self.engine.check()
+            try:
+                g, completion = self.done.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            self.pending[g].append(completion)
+            if len(self.pending[g]) == GROUP:
+                ready.append(g)
+        samples = []
+        for g in ready:
+            for c in self.pending.pop(g):
+                samples.append(sample_of(self.prompts[g], c, self.rng.choice([-1.0, 1.0]), g))
+            del self.prompts[g]
+            self.submit_group()
+        return samples
+
+
+def run_loop(model, trainer, separate: bool, args, on: str) -> dict:
+    from agentrl.engine import Engine, EngineConfig
+
+    engine = Engine(model, EngineConfig(max_num_seqs=max(args.in_flight, 1), max_model_len=args.prompt + args.new + 16,
+                                        separate_stream=separate, compile=False, seed=0))
+    engine.start()
+    rollouts = Rollouts(engine, args.in_flight, model.config.vocab_size, args.new, args.prompt)
+
+    def guard():
+        import contextlib
+
+        @contextlib.contextmanager
+        def update():
+            with engine.pause():
+                yield
+                engine.bump_version()
+        return update()
+
+    seconds, waits, trains, generated = [], [], [], []
+    try:
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            samples = rollouts.take(GROUPS_PER_STEP)
+            t1 = time.perf_counter()
+            trainer.step(samples, engine.policy_version, guard=guard)
+            synchronize()
+            t2 = time.perf_counter()
+            seconds.append(t2 - t0)
+            waits.append(t1 - t0)
+            trains.append(t2 - t1)
+            generated.append(sum(sum(s.trainable) for s in samples))
+    finally:
+        engine.stop()
+    return summary(seconds, waits, trains, generated, args.warmup)
+
+
+def trainer_alone(model, trainer, args) -> dict:
+    """The trainer step on one step's worth of samples from an engine that is then stopped: nothing beside it."""
+    from agentrl.engine import Engine, EngineConfig
+
+    engine = Engine(model, EngineConfig(max_num_seqs=GROUP * GROUPS_PER_STEP, max_model_len=args.prompt + args.new + 16,
+                                        compile=False, seed=0))
+    engine.start()
+    rollouts = Rollouts(engine, GROUP * GROUPS_PER_STEP, model.config.vocab_size, args.new, args.prompt)
+    samples = rollouts.take(GROUPS_PER_STEP)
+    engine.stop()
+    seconds = []
+    for _ in range(args.steps):
+        t = time.perf_counter()
+        trainer.step(samples, 0)
+        synchronize()
+        seconds.append(time.perf_counter() - t)
+    generated = sum(sum(s.trainable) for s in samples)
+    return summary(seconds, [0.0] * len(seconds), seconds, [generated] * len(seconds), args.warmup)
+
+
+def summary(seconds, waits, trains, generated, warmup: int) -> dict:
+    skip = warmup if len(seconds) > warmup else 0
+    return {"s/step": statistics.median(seconds[skip:]), "wait": statistics.median(waits[skip:]),
+            "train": statistics.median(trains[skip:]),
+            "gen tok/s": sum(generated[skip:]) / max(sum(seconds[skip:]), 1e-9)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--in-flight", type=int, default=128)
+    ap.add_argument("--rows-per-micro-batch", type=int, default=None)
+    ap.add_argument("--rows", default="shared,separate,alone", help="comma list of alone, shared, separate")
+    ap.add_argument("--smoke", action="store_true", help="a tiny model, few tokens: checks the script runs")
+    args = ap.parse_args(argv)
+    on = device()
+    args.prompt, args.new = (16, 8) if args.smoke else (PROMPT, NEW)
+    model = tiny_model(on) if args.smoke else shaped_model("smollm2", on)
+    trainer, line = default_trainer(model)
+    if args.rows_per_micro_batch:
+        trainer.config = type(trainer.config)(**{**vars(trainer.config),
+                                                  "rows_per_micro_batch": args.rows_per_micro_batch})
+    name = torch.cuda.get_device_name() if on == "cuda" else "CPU"
+    print(f"{'tiny' if args.smoke else 'SmolLM2-135M'}-shaped model on {name}; {line}", flush=True)
+    rows = []
+    for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
+        if row == "alone":
+            rows.append(("trainer alone (engine stopped)", trainer_alone(model, trainer, args)))
+        elif row in ("shared", "separate"):
+            label = f"engine + trainer, {'its own stream' if row == 'separate' else 'one stream'}"
+            rows.append((label, run_loop(model, trainer, row == "separate", args, on)))
+        else:
+            raise SystemExit(f"--rows: unknown {row!r}")
+        m = rows[-1][1]
+        print(f"  {rows[-1][0]}: {m['s/step']:.3f} s/step, wait {m['wait']:.3f}, train {m['train']:.3f}", flush=True)
+    print(f"\n{GROUPS_PER_STEP} groups x {GROUP} a step, prompt {args.prompt}, <= {args.new} new tokens, "
+          f"{args.in_flight} in flight; medians over steps {args.warmup + 1}-{args.steps}\n")
+    print("| row | s/step | wait for groups s | trainer step s | generated tok/s |\n|---|---|---|---|---|")
+    for label, m in rows:
+        print(f"| {label} | {m['s/step']:.3f} | {m['wait']:.3f} | {m['train']:.3f} | {m['gen tok/s']:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
