@@ -168,8 +168,12 @@ def main(argv=None) -> None:
     ap.add_argument("--in-flight", type=int, default=128)
     ap.add_argument("--rows-per-micro-batch", type=int, default=None)
     ap.add_argument("--rows", default="shared,separate,alone", help="comma list of alone, shared, separate")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval(seconds) for the whole run (Python's default: 0.005)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model, few tokens: checks the script runs")
     args = ap.parse_args(argv)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     on = device()
     args.prompt, args.new = (16, 8) if args.smoke else (PROMPT, NEW)
     model = tiny_model(on) if args.smoke else shaped_model("smollm2", on)

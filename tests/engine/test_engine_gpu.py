@@ -145,3 +145,38 @@ def perturb_in_place(model, engine) -> None:
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=g, device="cuda") * 0.05)
         engine.bump_version()
+
+
+@pytest.mark.parametrize("separate_stream", [False, True])
+def test_background_engine_never_reads_weights_written_inside_pause(separate_stream):
+    """The background engine (on the trainer's stream, or on its own: `engine.separate_stream`) while this thread
+    repeatedly zeroes every parameter inside `pause()` and writes it back before leaving: a decode step that ran, on
+    the GPU, during the zeroed window (a queued step not waited for, or the next one not ordered after the restore)
+    would change tokens. Greedy output equals the engine's alone."""
+    model, _ = load_model("tiny-qwen3", device="cuda")
+    prompts = random_prompts(16, 3, 60, seed=12)
+    greedy = SamplingParams(max_new_tokens=48, temperature=0, ignore_eos=True)
+    config = EngineConfig(num_pages=256, max_tokens_per_step=64, separate_stream=separate_stream)
+    reference = Engine(model, config).generate(prompts, greedy)
+    engine = Engine(model, config)
+    saved = [p.detach().clone() for p in model.parameters()]
+    engine.start()
+    try:
+        ids = [engine.submit(p, greedy) for p in prompts]
+        windows = 0
+        while engine.has_work():
+            with engine.pause():
+                for p in model.parameters():
+                    p.data.zero_()
+                torch.cuda._sleep(200_000)  # keep the zeroed window open on the GPU
+                for p, s in zip(model.parameters(), saved):
+                    p.data.copy_(s)
+            windows += 1
+        got = {}
+        while len(got) < len(ids):
+            c = engine.get_completion(timeout=60)
+            got[c.request_id] = c
+    finally:
+        engine.stop()
+    assert windows > 10
+    assert [got[i].token_ids for i in ids] == [r.token_ids for r in reference]
