@@ -8,11 +8,19 @@ completions (a 320-token prompt per group, <= 128 new tokens, temperature 1.0), 
 while the engine keeps `--in-flight` rollouts decoding (whole groups are resubmitted as soon as a step takes its
 groups); the update runs under `Engine.pause()` and bumps the policy version, as a run's does.
 
-Rows: the trainer step alone on such samples (the engine idle), then the loop with the engine on the trainer's
-stream and on its own (`engine.separate_stream`). Per row: s/step (median after `--warmup` steps), the median wait
-for a step's groups, the median trainer step, and generated tokens/s over the measured steps.
+Rows (`--rows`), each a question about why a trainer step beside the engine is slower than alone:
+- `alone`: the trainer step on such samples, the engine stopped;
+- `shared`: the loop as a run has it, one CUDA stream for both threads;
+- `separate`: the engine on its own stream (`engine.separate_stream`): does their GPU queue serialise them?
+- `switch`: one stream, Python's thread switch interval at 0.5 ms instead of 5: does the trainer thread wait for the
+  GIL after each blocking call while the engine thread holds it?
+- `paused`: the engine held in `pause()` through every trainer step: the trainer alone again, with generation no
+  longer overlapping it (what a step costs when nothing runs beside the trainer).
+Per row: s/step (median after `--warmup` steps), the median wait for a step's groups, the median trainer step, the
+engine steps run during the measured trainer steps per trainer step, and generated tokens/s.
 
 usage: python benchmarks/overlap.py [--steps 10] [--warmup 3] [--in-flight 128] [--rows-per-micro-batch 1]
+                                   [--rows shared,separate,alone,switch,paused]
 CPU smoke: python benchmarks/overlap.py --smoke
 """
 
@@ -98,7 +106,7 @@ class Rollouts:
         return samples
 
 
-def run_loop(model, trainer, separate: bool, args, on: str) -> dict:
+def run_loop(model, trainer, separate: bool, args, on: str, pause_engine: bool = False) -> dict:
     from agentrl.engine import Engine, EngineConfig
 
     engine = Engine(model, EngineConfig(max_num_seqs=max(args.in_flight, 1), max_model_len=args.prompt + args.new + 16,
@@ -116,22 +124,28 @@ def run_loop(model, trainer, separate: bool, args, on: str) -> dict:
                 engine.bump_version()
         return update()
 
-    seconds, waits, trains, generated = [], [], [], []
+    import contextlib
+
+    seconds, waits, trains, generated, beside = [], [], [], [], []
     try:
         for _ in range(args.steps):
             t0 = time.perf_counter()
             samples = rollouts.take(GROUPS_PER_STEP)
             t1 = time.perf_counter()
-            trainer.step(samples, engine.policy_version, guard=guard)
-            synchronize()
+            steps_before = engine.stats.steps
+            with engine.pause() if pause_engine else contextlib.nullcontext():
+                trainer.step(samples, engine.policy_version, guard=guard)
+                synchronize()
             t2 = time.perf_counter()
             seconds.append(t2 - t0)
             waits.append(t1 - t0)
             trains.append(t2 - t1)
+            beside.append(engine.stats.steps - steps_before)
             generated.append(sum(sum(s.trainable) for s in samples))
     finally:
         engine.stop()
-    return summary(seconds, waits, trains, generated, args.warmup)
+    return {**summary(seconds, waits, trains, generated, args.warmup),
+            "beside": statistics.median(beside[args.warmup:] or beside)}
 
 
 def trainer_alone(model, trainer, args) -> dict:
@@ -151,7 +165,7 @@ def trainer_alone(model, trainer, args) -> dict:
         synchronize()
         seconds.append(time.perf_counter() - t)
     generated = sum(sum(s.trainable) for s in samples)
-    return summary(seconds, [0.0] * len(seconds), seconds, [generated] * len(seconds), args.warmup)
+    return {**summary(seconds, [0.0] * len(seconds), seconds, [generated] * len(seconds), args.warmup), "beside": 0}
 
 
 def summary(seconds, waits, trains, generated, warmup: int) -> dict:
@@ -167,13 +181,10 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--in-flight", type=int, default=128)
     ap.add_argument("--rows-per-micro-batch", type=int, default=None)
-    ap.add_argument("--rows", default="shared,separate,alone", help="comma list of alone, shared, separate")
-    ap.add_argument("--switch-interval", type=float, default=None,
-                    help="sys.setswitchinterval(seconds) for the whole run (Python's default: 0.005)")
+    ap.add_argument("--rows", default="shared,separate,alone,switch,paused",
+                    help="comma list of alone, shared, separate, switch, paused")
     ap.add_argument("--smoke", action="store_true", help="a tiny model, few tokens: checks the script runs")
     args = ap.parse_args(argv)
-    if args.switch_interval is not None:
-        sys.setswitchinterval(args.switch_interval)
     on = device()
     args.prompt, args.new = (16, 8) if args.smoke else (PROMPT, NEW)
     model = tiny_model(on) if args.smoke else shaped_model("smollm2", on)
@@ -187,18 +198,29 @@ def main(argv=None) -> None:
     for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
         if row == "alone":
             rows.append(("trainer alone (engine stopped)", trainer_alone(model, trainer, args)))
-        elif row in ("shared", "separate"):
-            label = f"engine + trainer, {'its own stream' if row == 'separate' else 'one stream'}"
-            rows.append((label, run_loop(model, trainer, row == "separate", args, on)))
+        elif row in ("shared", "separate", "paused"):
+            label = {"shared": "engine + trainer, one stream", "separate": "engine + trainer, the engine's own stream",
+                     "paused": "engine + trainer, the engine paused during each trainer step"}[row]
+            rows.append((label, run_loop(model, trainer, row == "separate", args, on, pause_engine=row == "paused")))
+        elif row == "switch":
+            interval = sys.getswitchinterval()
+            sys.setswitchinterval(0.0005)
+            try:
+                rows.append(("engine + trainer, one stream, thread switch interval 0.5 ms",
+                             run_loop(model, trainer, False, args, on)))
+            finally:
+                sys.setswitchinterval(interval)
         else:
-            raise SystemExit(f"--rows: unknown {row!r}")
+            raise SystemExit(f"--rows: unknown {row!r}; choose from alone, shared, separate, switch, paused")
         m = rows[-1][1]
         print(f"  {rows[-1][0]}: {m['s/step']:.3f} s/step, wait {m['wait']:.3f}, train {m['train']:.3f}", flush=True)
     print(f"\n{GROUPS_PER_STEP} groups x {GROUP} a step, prompt {args.prompt}, <= {args.new} new tokens, "
           f"{args.in_flight} in flight; medians over steps {args.warmup + 1}-{args.steps}\n")
-    print("| row | s/step | wait for groups s | trainer step s | generated tok/s |\n|---|---|---|---|---|")
+    print("| row | s/step | wait for groups s | trainer step s | engine steps beside it | generated tok/s |\n"
+          "|---|---|---|---|---|---|")
     for label, m in rows:
-        print(f"| {label} | {m['s/step']:.3f} | {m['wait']:.3f} | {m['train']:.3f} | {m['gen tok/s']:,.0f} |")
+        print(f"| {label} | {m['s/step']:.3f} | {m['wait']:.3f} | {m['train']:.3f} | {m['beside']:.0f} "
+              f"| {m['gen tok/s']:,.0f} |")
 
 
 if __name__ == "__main__":
