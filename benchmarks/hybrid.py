@@ -34,7 +34,7 @@ script runs, no figure); there any error ends the run, on the GPU a failing part
 
 usage: python benchmarks/hybrid.py [--quick] [--skip-hf] [--parts decode,prefill,train] [--tokens 25000]
                                    [--steps 3] [--budget 300] [--smoke]
-                                   [--step-times] [--cprofile] [--profile]
+                                   [--step-times] [--cprofile] [--profile] [--engine-compile]
 """
 
 from __future__ import annotations
@@ -312,7 +312,8 @@ def decode_part(model, sizes: Sizes, args, report: Report, device) -> None:
     warm = random_prompts(n, plen, vocab, seed=99)  # the same shapes, no prefix-cache hit on the timed prompts
     start = time.perf_counter()
     # A prefill budget of 8192 tokens a step admits 32 prompts of 256 at once, as in engine.py.
-    engine = Engine(model, EngineConfig(max_num_seqs=n, max_model_len=plen + new + 64, max_tokens_per_step=8192))
+    engine = Engine(model, EngineConfig(max_num_seqs=n, max_model_len=plen + new + 64, max_tokens_per_step=8192,
+                                        compile=args.engine_compile or None))
     # The warm-up runs the timed pass's whole length: Triton kernels specialise on the contexts they meet (a first
     # run on a fresh machine compiled 29 of them inside the timed pass after a 16-token warm-up).
     drive(engine, warm, greedy(new), sizes.limit_s / 2)
@@ -477,6 +478,8 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="timed train steps (default 3; 2 with --quick)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, CPU, fp32: checks the script runs")
     ap.add_argument("--profile", action="store_true", help="also print the kernels of a few decode steps")
+    ap.add_argument("--engine-compile", action="store_true",
+                    help="decode: compile the engine view's decoder layers (opt-in for hybrids)")
     ap.add_argument("--step-times", action="store_true", help="decode: the timed pass's steps by kind and time")
     ap.add_argument("--cprofile", action="store_true", help="decode: the timed pass under cProfile (host time)")
     ap.add_argument("--budget", type=float, default=300.0,

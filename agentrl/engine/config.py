@@ -40,7 +40,8 @@ class EngineConfig:
     the device), so host bookkeeping and scheduling run while the device computes. Off: each step is waited for
     before the next is scheduled. Outputs are identical either way.
     `compile`: torch.compile the view's decoder layers (None: on CUDA for models without linear-attention
-    layers; never on a tensor-parallel model); the training model is untouched. Costs a compile at the first steps.
+    layers; true compiles a hybrid's too, around its delta-net state updates; never on a tensor-parallel model); the
+    training model is untouched. Costs a compile at the first steps.
     On a tensor-parallel model every tp rank must use the same config (checked when the engine is built).
     `separate_stream`: the background thread (`Engine.start()`, as in training) queues its kernels on a CUDA stream
     of its own rather than the one the trainer's thread uses, so the GPU may run decode steps and training kernels

@@ -88,9 +88,12 @@ class Engine:
         self.tp = TensorParallel.of(model)
         geo = self.geometry = geometry(model, self.tp.size if self.tp else 1)
         self.view = make_view(model, register())
-        compile_layers = config.compile if config.compile is not None else self.device.type == "cuda"
-        # Under tp the layers run DTensor hooks that swap parameters around each module's forward: left eager.
-        if compile_layers and not geo.linear_layers and self.tp is None:
+        # None: on CUDA for dense models; a hybrid's (compiled around `linear_state._core`) only when asked, as its
+        # effect on a decode step is not yet measured. Under tp the layers run DTensor hooks that swap parameters
+        # around each module's forward: left eager.
+        compile_layers = config.compile if config.compile is not None else (
+            self.device.type == "cuda" and not geo.linear_layers)
+        if compile_layers and self.tp is None:
             compile_decoder_layers(self.view)
         self.linear = LinearStates(self.view, geo, config.max_num_seqs) if geo.linear_layers else None
         self.eos_token_ids = resolve_eos_ids(config, model, tokenizer)

@@ -362,16 +362,30 @@ def varlen_layout(chunks: list[Chunk], width: int) -> VarlenLayout:
 
 
 def _packed_forward(self, hidden_states, *args, **kwargs):
+    """The view's forward of a linear-attention layer over the step's one packed row. In three parts so that a
+    compiled decoder layer (`engine.compile`) fuses the elementwise work around the state: the projections and
+    gates and the gated norm + output projection are plain tensor ops; `_core`, which reads the step's plan and
+    moves states by slot, stays out of the graph."""
     plan: StepPlan | None = kwargs.get(LinearStates.KWARG)
     if plan is None:
         raise RuntimeError("the engine's linear-attention forward was called without its step plan")
-    impl = sys.modules[type(self).__module__]
     x = hidden_states[0]  # the packed step is one row
     total = x.shape[0]
     mixed = self.in_proj_qkv(x)  # [T, conv_dim]
     z = self.in_proj_z(x).reshape(total, -1, self.head_v_dim)
     beta = self.in_proj_b(x).sigmoid()
     g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+    core = _core(self, plan, mixed, g, beta)
+    core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+    return self.out_proj(core.reshape(1, total, -1))
+
+
+@torch.compiler.disable  # host-planned indices, in-place state updates and fused kernels: run as written
+def _core(self, plan: "StepPlan", mixed, g, beta):
+    """The conv and delta rule of every row of the step: decode rows over their slots, chunks per sequence or
+    through the varlen kernels. Returns `[T, Hv, Dv]`."""
+    impl = sys.modules[type(self).__module__]
+    total = mixed.shape[0]
     states = plan.states
     layer = states.position[self.layer_idx]
     conv_states, rec_states = states.conv[layer], states.recurrent[layer]
@@ -380,31 +394,29 @@ def _packed_forward(self, hidden_states, *args, **kwargs):
     fused = states.fused_decode
     decode = functools.partial(fused, self) if fused is not None else functools.partial(_decode_rows, self, rule)
     if plan.num_singles == total:  # every row a decode: the graph path, and most eager steps
-        core = decode(mixed, g, beta, conv_states, rec_states, plan.single_slots_dev)
-    else:
-        core = mixed.new_empty(total, self.value_dim // self.head_v_dim, self.head_v_dim)
-        if plan.num_singles:
-            rows = plan.single_rows_dev
-            if rows is None:
-                n = plan.num_singles
-                core[:n] = decode(mixed[:n], g[:n], beta[:n], conv_states, rec_states, plan.single_slots_dev)
-            else:
-                core.index_copy_(0, rows, decode(mixed.index_select(0, rows), g.index_select(0, rows),
-                                                 beta.index_select(0, rows), conv_states, rec_states,
-                                                 plan.single_slots_dev))
-        if plan.varlen is not None:
-            core.index_copy_(0, plan.dev["lin_chunk_rows"], _varlen_chunks(self, kernels, mixed, g, beta, conv_states,
-                                                                     rec_states, plan, layer))
-        snapshots = plan.snapshots
-        for chunk in plan.chunks if plan.varlen is None else ():
-            snap_conv = snap_rec = None
-            if chunk.snap >= 0:
-                snap_conv, snap_rec = snapshots.conv[layer, chunk.snap], snapshots.recurrent[layer, chunk.snap]
-            r, n = chunk.row, chunk.length
-            core[r:r + n] = _chunk_rows(self, impl, mixed[r:r + n], g[r:r + n], beta[r:r + n], conv_states,
-                                        rec_states, chunk, snap_conv, snap_rec)
-    core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
-    return self.out_proj(core.reshape(1, total, -1))
+        return decode(mixed, g, beta, conv_states, rec_states, plan.single_slots_dev)
+    core = mixed.new_empty(total, self.value_dim // self.head_v_dim, self.head_v_dim)
+    if plan.num_singles:
+        rows = plan.single_rows_dev
+        if rows is None:
+            n = plan.num_singles
+            core[:n] = decode(mixed[:n], g[:n], beta[:n], conv_states, rec_states, plan.single_slots_dev)
+        else:
+            core.index_copy_(0, rows, decode(mixed.index_select(0, rows), g.index_select(0, rows),
+                                             beta.index_select(0, rows), conv_states, rec_states,
+                                             plan.single_slots_dev))
+    if plan.varlen is not None:
+        core.index_copy_(0, plan.dev["lin_chunk_rows"], _varlen_chunks(self, kernels, mixed, g, beta, conv_states,
+                                                                 rec_states, plan, layer))
+    snapshots = plan.snapshots
+    for chunk in plan.chunks if plan.varlen is None else ():
+        snap_conv = snap_rec = None
+        if chunk.snap >= 0:
+            snap_conv, snap_rec = snapshots.conv[layer, chunk.snap], snapshots.recurrent[layer, chunk.snap]
+        r, n = chunk.row, chunk.length
+        core[r:r + n] = _chunk_rows(self, impl, mixed[r:r + n], g[r:r + n], beta[r:r + n], conv_states,
+                                    rec_states, chunk, snap_conv, snap_rec)
+    return core
 
 
 def _qkv(self, y: torch.Tensor, batch: int, n: int):
