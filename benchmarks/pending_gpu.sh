@@ -26,7 +26,19 @@ item() {
         tests/engine/test_engine_hybrid_varlen.py tests/train/test_hybrid_gpu.py tests/engine/test_engine_hybrid_graphs.py \
         -q -rA --tb=short -p no:cacheprovider -p no:warnings ;;
     hybrid-host) TAIL=30 run "$1" 200 python3 benchmarks/hybrid_host_cpu.py --device cuda --seqs 64 --steps 48 ;;
-    hybrid-decode) TAIL=25 run "$1" 240 python3 benchmarks/hybrid.py --parts decode,prefill ;;
+    hybrid-decode) TAIL=25 run "$1" 240 python3 benchmarks/hybrid.py --parts decode,prefill --step-times ;;
+    # #15: the hybrid's decoder layers compiled around the delta-net core (opt-in until this says it pays)
+    hybrid-compile) TAIL=25 run "$1" 240 python3 benchmarks/hybrid.py --parts decode --skip-hf --step-times \
+        --engine-compile --profile ;;
+    # #15: the train table with fla's own backward: Triton 3.7.1 shipped in parts (ship_model.py split of its wheel
+    # into .gpu-bundle/triton, joined here), installed ahead of the host's 3.6.0 for this item only
+    hybrid-train-triton) mkdir -p /tmp/triton-whl && python3 benchmarks/ship_model.py join .gpu-bundle/triton /tmp/triton-whl >/dev/null && \
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site-triton /tmp/triton-whl/*.whl && \
+        TAIL=25 run "$1" 300 env PYTHONPATH="/tmp/site-triton:$PYTHONPATH" python3 benchmarks/hybrid.py --parts train --quick ;;
+    # #16: why the trainer's step is 2-4x slower beside the engine: the rows that tell GIL, GPU queue and overlap apart
+    overlap) TAIL=12 run "$1" 200 python3 benchmarks/overlap.py --steps 10 --warmup 3 ;;
+    engine-gpu-tests) TAIL=8 run "$1" 120 python3 -m pytest -m gpu tests/engine/test_engine_gpu.py -q -rA --tb=short \
+        -p no:cacheprovider -p no:warnings ;;
     hybrid-train) TAIL=25 run "$1" 300 python3 benchmarks/hybrid.py --parts train --quick ;;
     # #16: defaults against TRL (rollouts in flight now twice a step), the train step with defaults
     vs-trl) TAIL=6 run "$1" 200 python3 benchmarks/vs_trl.py --data "$DATA/gsm8k/train.jsonl" --trl-backends generate \
@@ -45,7 +57,8 @@ item() {
   esac
 }
 items=("$@")
-[ ${#items[@]} -eq 0 ] && items=(hybrid-tests hybrid-host vs-trl hybrid-decode train-step stall-probe hybrid-train engine-profile)
+[ ${#items[@]} -eq 0 ] && items=(overlap engine-gpu-tests hybrid-compile hybrid-decode vs-trl hybrid-tests train-step \
+    stall-probe engine-profile)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 echo "budget used: $(( $(date +%s) - t0 )) s"
