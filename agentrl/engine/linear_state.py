@@ -14,15 +14,9 @@ Per step (`plan`), each sequence's part of the packed row is either
 - a chunk (a prompt, or a continuation after a cached prefix): the conv and the chunked delta rule for that
   sequence alone, from zero state if it starts at position 0.
 
-Varlen kernels (CUDA with flash-linear-attention, `varlen_kernels`): all the chunks of a step instead run as one
-varlen call of fla's chunked delta rule, `cu_seqlens` marking the chunks, their initial states gathered from
-their slots (zeroed first for those starting at position 0) and final states scattered back, and one depthwise
-conv over the chunks laid end to end, each after its slot's window. A chunk split at a page boundary takes
-two calls: the first runs every chunk up to its split (or whole), the second the rest of the split chunks
-from the states the first ended with, so the snapshot is still the state at the boundary. Every index of
-that layout is built on the host in `plan` and travels in the step's one upload; fla's own chunk indices are
-passed too, so the kernels read no boundary back to the host. Without CUDA or fla, the per-sequence path above
-runs: the CPU path, and the reference the varlen one is tested against.
+Varlen kernels (CUDA with flash-linear-attention): all the chunks of a step run as one varlen call instead
+(`linear_varlen.py`). Without CUDA or fla, the per-sequence path above runs: the CPU path, and the reference the
+varlen one is tested against.
 Decode rows on CUDA (`fused_decode`) run `triton_delta_rule`, reading and writing each row's window and state in
 place by slot; elsewhere the rule (fla's or transformers') runs between a gather and a scatter. Both are capturable.
 
@@ -53,32 +47,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from agentrl.engine.linear_varlen import VarlenLayout, _qkv, _varlen_chunks, varlen_kernels, varlen_layout
+
 _REQUIRED = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "A_log", "dt_bias", "norm", "out_proj",
              "key_dim", "value_dim", "head_k_dim", "head_v_dim", "conv_kernel_size", "activation")
-
-
-@dataclass(frozen=True)
-class VarlenKernels:
-    """Gated delta rule kernels with fla's signatures: `chunk(q, k, v, g, beta, initial_state=, output_final_state=,
-    use_qk_l2norm_in_kernel=, cu_seqlens=, chunk_indices=)` over the segments of one flat row, and
-    `recurrent(...)` (the same without boundaries) over a batch of single tokens."""
-
-    chunk: Callable
-    recurrent: Callable
-
-
-FLA_CHUNK_SIZE = 64  # the chunk size of fla's chunked delta rule: `chunk_indices` number these chunks
-
-
-def varlen_kernels(device: torch.device) -> VarlenKernels | None:
-    """flash-linear-attention's kernels where they run (CUDA, package installed), else None."""
-    if device.type != "cuda":
-        return None
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-    except ImportError:
-        return None
-    return VarlenKernels(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule)
 
 
 def fused_decode(device: torch.device, modules: list, kernels) -> Callable | None:
@@ -303,64 +275,6 @@ class StepPlan:
             self.single_rows_dev = dev.get("lin_rows")
 
 
-@dataclass
-class VarlenLayout:
-    """Where a step's chunks go for the varlen kernels (host arrays named `lin_*`, uploaded with the step).
-
-    The chunks' tokens are taken in chunk order ("chunk-major": the rows `lin_chunk_rows`). The conv input `x` lays the
-    chunks end to end, each after the `width` columns of its slot's window: `lin_x_win` are those columns,
-    `lin_x_tok` the tokens', `lin_x_tail` the last `width` of each block (the window the slot keeps) and
-    `lin_x_snap` the `width` before a split that writes a snapshot. The delta rule's first call runs the chunk-major
-    positions `lin_p1` (absent: all of them) as segments `lin_cu1`; its second, where chunks are split, `lin_p2`
-    as `lin_cu2`, from the first call's final states of the chunks `lin_split`. `lin_ci*` are fla's chunk indices
-    of those segments, `(segment, chunk within it)` pairs."""
-
-    parts: dict[str, np.ndarray]
-    x_width: int
-    tokens: int
-
-
-def _segments(lengths) -> tuple[np.ndarray, np.ndarray]:
-    """cu_seqlens of segments of `lengths` tokens, and fla's chunk indices of them (flattened `[NT, 2]`)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    counts = -(-lengths // FLA_CHUNK_SIZE)
-    seg = np.repeat(np.arange(len(lengths)), counts)
-    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    return np.concatenate([[0], np.cumsum(lengths)]), np.stack([seg, within], 1).reshape(-1)
-
-
-def _spans(starts, lengths) -> np.ndarray:
-    return np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)]).astype(np.int64)
-
-
-def varlen_layout(chunks: list[Chunk], width: int) -> VarlenLayout:
-    lens = np.array([c.length for c in chunks], dtype=np.int64)
-    first = np.array([c.split or c.length for c in chunks], dtype=np.int64)
-    base = np.cumsum(lens) - lens  # each chunk's start in chunk-major order
-    xoff = np.cumsum(lens + width) - (lens + width)  # each block's start in the conv input
-    cols = np.arange(width)
-    parts = {"lin_chunk_rows": _spans([c.row for c in chunks], lens),
-             "lin_chunk_slots": np.array([c.slot for c in chunks], dtype=np.int64),
-             "lin_x_win": (xoff[:, None] + cols).reshape(-1), "lin_x_tok": _spans(xoff + width, lens),
-             "lin_x_tail": ((xoff + lens)[:, None] + cols).reshape(-1)}
-    fresh = [c.slot for c in chunks if c.fresh]
-    if fresh:
-        parts["lin_fresh"] = np.array(fresh, dtype=np.int64)
-    parts["lin_cu1"], parts["lin_ci1"] = _segments(first)
-    split = np.array([i for i, c in enumerate(chunks) if c.split], dtype=np.int64)
-    if split.size:
-        parts["lin_p1"] = _spans(base, first)
-        parts["lin_p2"] = _spans(base[split] + first[split], lens[split] - first[split])
-        parts["lin_cu2"], parts["lin_ci2"] = _segments(lens[split] - first[split])
-        parts["lin_split"] = split
-        snaps = np.array([i for i in split if chunks[i].snap >= 0], dtype=np.int64)
-        if snaps.size:
-            parts["lin_snap_chunks"] = snaps
-            parts["lin_snap_ids"] = np.array([chunks[i].snap for i in snaps], dtype=np.int64)
-            parts["lin_x_snap"] = ((xoff[snaps] + first[snaps])[:, None] + cols).reshape(-1)
-    return VarlenLayout(parts, int((lens + width).sum()), int(lens.sum()))
-
-
 def _packed_forward(self, hidden_states, *args, **kwargs):
     """The view's forward of a linear-attention layer over the step's one packed row. In three parts so that a
     compiled decoder layer (`engine.compile`) fuses the elementwise work around the state: the projections and
@@ -419,18 +333,6 @@ def _core(self, plan: "StepPlan", mixed, g, beta):
     return core
 
 
-def _qkv(self, y: torch.Tensor, batch: int, n: int):
-    """q, k, v `[batch, n, heads, dim]` from the conv output `[batch, n, conv_dim]`."""
-    q, k, v = torch.split(y, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-    q = q.reshape(batch, n, -1, self.head_k_dim)
-    k = k.reshape(batch, n, -1, self.head_k_dim)
-    v = v.reshape(batch, n, -1, self.head_v_dim)
-    if v.shape[2] != k.shape[2]:  # transformers 5.17 repeats q/k heads in the module, 5.24 in the rule
-        q = q.repeat_interleave(v.shape[2] // k.shape[2], dim=2)
-        k = k.repeat_interleave(v.shape[2] // k.shape[2], dim=2)
-    return q, k, v
-
-
 def _decode_rows(self, rule, mixed, g, beta, conv_states, rec_states, slots):
     """One token for each of `len(slots)` sequences, each continuing from its slot: the conv window and the single-token
     delta rule `rule` (recurrent form, one initial state per row) over the whole batch, state gathered by slot and
@@ -477,48 +379,3 @@ def _chunk_rows(self, impl, mixed, g, beta, conv_states, rec_states, chunk: Chun
         outs.append(out[0])
     rec_states[slot] = state[0].to(rec_states.dtype)
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-
-
-def _windows(x: torch.Tensor, columns: torch.Tensor, width: int) -> torch.Tensor:
-    """`[n, channels, width]` conv windows read from the columns of `x` (`n` windows of `width` columns each)."""
-    return x.index_select(1, columns).view(x.shape[0], -1, width).transpose(0, 1)
-
-
-def _varlen_chunks(self, kernels: VarlenKernels, mixed, g, beta, conv_states, rec_states, plan: StepPlan, layer: int):
-    """Every chunk of the step through the varlen kernels (`VarlenLayout`): core rows `[tokens, Hv, Dv]` in
-    chunk-major order. Fresh chunks' slots were zeroed before the forward (`LinearStates.before`)."""
-    from transformers.activations import ACT2FN
-
-    d, width, channels = plan.dev, self.conv_kernel_size - 1, mixed.shape[1]
-    slots, tokens = d["lin_chunk_slots"], plan.varlen.tokens
-    x = mixed.new_empty(channels, plan.varlen.x_width)
-    windows = conv_states.index_select(0, slots).to(x.dtype)  # [chunks, C, width]
-    x.index_copy_(1, d["lin_x_win"], windows.transpose(0, 1).reshape(channels, -1))
-    x.index_copy_(1, d["lin_x_tok"], mixed.index_select(0, d["lin_chunk_rows"]).t())
-    conv_states.index_copy_(0, slots, _windows(x, d["lin_x_tail"], width).to(conv_states.dtype))
-    if "lin_snap_ids" in d:
-        plan.snapshots.conv[layer].index_copy_(0, d["lin_snap_ids"], _windows(x, d["lin_x_snap"], width))
-    # A valid conv over the blocks: output j reads x[j : j + kernel], so a token's output sits `width` before it.
-    y = F.conv1d(x[None], self.conv1d.weight, self.conv1d.bias, groups=channels)[0]
-    y = ACT2FN[self.activation](y.index_select(1, d["lin_x_tok"] - width)).t()[None]  # [1, tokens, C]
-    q, k, v = _qkv(self, y, 1, tokens)
-    g, beta = g.index_select(0, d["lin_chunk_rows"])[None], beta.index_select(0, d["lin_chunk_rows"])[None]
-
-    def rule(p, state, cu, ci):
-        pick = (lambda t: t) if p is None else (lambda t: t.index_select(1, p))
-        return kernels.chunk(pick(q), pick(k), pick(v), g=pick(g), beta=pick(beta), initial_state=state,
-                             output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
-                             chunk_indices=ci.view(-1, 2))
-
-    out, final = rule(d.get("lin_p1"), rec_states.index_select(0, slots), d["lin_cu1"], d["lin_ci1"])
-    out = out[0]
-    if "lin_p2" in d:  # split chunks: the rest of each from the state at its page boundary
-        if "lin_snap_ids" in d:
-            at_split = final.index_select(0, d["lin_snap_chunks"])
-            plan.snapshots.recurrent[layer].index_copy_(0, d["lin_snap_ids"], at_split)
-        rest, last = rule(d["lin_p2"], final.index_select(0, d["lin_split"]), d["lin_cu2"], d["lin_ci2"])
-        out = out.new_empty(tokens, *out.shape[1:]).index_copy_(0, d["lin_p1"], out)
-        out.index_copy_(0, d["lin_p2"], rest[0])
-        final = final.index_copy(0, d["lin_split"], last)
-    rec_states.index_copy_(0, slots, final.to(rec_states.dtype))
-    return out

@@ -5,7 +5,6 @@ side: the graph breaks at the core, the step plan passed through the layers' kwa
 
 import functools
 
-import pytest
 import torch
 
 import agentrl.engine.engine as engine_module

@@ -1,4 +1,4 @@
-"""The varlen path of hybrid models' linear-attention layers (`linear_state.VarlenLayout`): all the chunks of a step
+"""The varlen path of hybrid models' linear-attention layers (`linear_varlen.VarlenLayout`): all the chunks of a step
 in one call of fla's chunked delta rule (two where a chunk is split at a page boundary), one conv over the chunks
 laid end to end, and fla's fused recurrent kernel for decode rows.
 
@@ -17,7 +17,7 @@ import torch
 
 import agentrl.engine.linear_state as linear_state
 from agentrl.engine import Engine, EngineConfig, SamplingParams
-from agentrl.engine.linear_state import FLA_CHUNK_SIZE, VarlenKernels
+from agentrl.engine.linear_varlen import FLA_CHUNK_SIZE, VarlenKernels
 from agentrl.models import load_model
 from tests.helpers import random_prompts
 
