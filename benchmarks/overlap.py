@@ -58,8 +58,9 @@ def sample_of(prompt: list[int], completion, advantage: float, group: int):
     from agentrl.sample import TrainingSample
 
     n = len(completion.token_ids)
-    return TrainingSample(prompt + completion.token_ids, [0] * len(prompt) + [1] * n,
-                          [0.0] * len(prompt) + list(completion.logprobs), [-1] * len(prompt) + list(completion.versions),
+    context = len(prompt)
+    return TrainingSample(prompt + completion.token_ids, [0] * context + [1] * n,
+                          [0.0] * context + list(completion.logprobs), [-1] * context + list(completion.versions),
                           advantage=advantage, group_id=group)
 
 

@@ -15,14 +15,12 @@ per-sequence path runs: the CPU path, and the reference this one is tested again
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from agentrl.engine.linear_state import Chunk, StepPlan
 
 @dataclass(frozen=True)
 class VarlenKernels:
@@ -78,7 +76,8 @@ def _spans(starts, lengths) -> np.ndarray:
     return np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)]).astype(np.int64)
 
 
-def varlen_layout(chunks: list[Chunk], width: int) -> VarlenLayout:
+def varlen_layout(chunks: list, width: int) -> VarlenLayout:
+    """The layout of `chunks` (`linear_state.Chunk`s, in row order) for a conv window of `width` columns."""
     lens = np.array([c.length for c in chunks], dtype=np.int64)
     first = np.array([c.split or c.length for c in chunks], dtype=np.int64)
     base = np.cumsum(lens) - lens  # each chunk's start in chunk-major order
@@ -123,9 +122,10 @@ def _windows(x: torch.Tensor, columns: torch.Tensor, width: int) -> torch.Tensor
     return x.index_select(1, columns).view(x.shape[0], -1, width).transpose(0, 1)
 
 
-def _varlen_chunks(self, kernels: VarlenKernels, mixed, g, beta, conv_states, rec_states, plan: StepPlan, layer: int):
-    """Every chunk of the step through the varlen kernels (`VarlenLayout`): core rows `[tokens, Hv, Dv]` in
-    chunk-major order. Fresh chunks' slots were zeroed before the forward (`LinearStates.before`)."""
+def _varlen_chunks(self, kernels: VarlenKernels, mixed, g, beta, conv_states, rec_states, plan, layer: int):
+    """Every chunk of the step (`plan`: its `linear_state.StepPlan`) through the varlen kernels (`VarlenLayout`):
+    core rows `[tokens, Hv, Dv]` in chunk-major order. Fresh chunks' slots were zeroed before the forward
+    (`LinearStates.before`)."""
     from transformers.activations import ACT2FN
 
     d, width, channels = plan.dev, self.conv_kernel_size - 1, mixed.shape[1]
