@@ -37,7 +37,8 @@ item() {
         TAIL=25 run "$1" 300 env PYTHONPATH="/tmp/site-triton:$PYTHONPATH" python3 benchmarks/hybrid.py --parts train --quick ;;
     # #16: why the trainer's step is 2-4x slower beside the engine: the rows that tell GIL, GPU queue and overlap apart
     overlap) TAIL=12 run "$1" 200 python3 benchmarks/overlap.py --steps 10 --warmup 3 ;;
-    engine-gpu-tests) TAIL=8 run "$1" 120 python3 -m pytest -m gpu tests/engine/test_engine_gpu.py -q -rA --tb=short \
+    engine-gpu-tests) TAIL=8 run "$1" 150 python3 -m pytest -m gpu tests/engine/test_engine_gpu.py \
+        tests/engine/test_engine_hybrid_compile.py -q -rA --tb=short \
         -p no:cacheprovider -p no:warnings ;;
     hybrid-train) TAIL=25 run "$1" 300 python3 benchmarks/hybrid.py --parts train --quick ;;
     # #16: defaults against TRL (rollouts in flight now twice a step), the train step with defaults
