@@ -46,6 +46,8 @@ class EngineConfig:
     `separate_stream`: the background thread (`Engine.start()`, as in training) queues its kernels on a CUDA stream
     of its own rather than the one the trainer's thread uses, so the GPU may run decode steps and training kernels
     side by side; what both touch is ordered by `Engine.pause()` and the KV release (`agentrl.engine.streams`).
+    Off by default: while the trainer's step is bound by the host it measured no faster (BENCHMARKS.md, "Engine and
+    trainer on one GPU").
     `state_snapshots` (hybrid models, with the prefix cache): how many linear-attention state snapshots the
     prefix cache keeps as resume points (see `agentrl.engine.state_snapshots`); None: `max_num_seqs`, as many as
     a quarter of the pool's budget holds. They are paid for out of the pool's budget (fewer pages), unless
