@@ -302,7 +302,7 @@ def render(args, results: list[Steps], rows: list, unmatched: list, header: list
     ours = next((s for s in results if s.name == "agentrl" and not s.error), None)
     base = ours.summary(args.warmup_steps)["s/step"] if ours and ours.seconds else None
     lines = [*header, "", "| system | s/step (median) | generated tok/s | trained tok/s | peak GPU GiB | reward "
-             "(mean of steps) | agentrl speed-up |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "(mean of steps) | s/step ÷ agentrl default |", "|---|---:|---:|---:|---:|---:|---:|"]
     for s in results:
         if s.error or not s.seconds:
             lines.append(f"| {s.name} | failed: {s.error or 'no steps'} | | | | | |")
