@@ -8,6 +8,8 @@ tool-calling policy, and stand-in tracker packages.
 from __future__ import annotations
 
 import importlib.machinery
+import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -110,6 +112,19 @@ def two_turns(engine, prompts, params, tool_tokens):
 
 
 # ---------------------------------------------------------------------------------- Triton interpreter
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"  # this process runs Triton kernels in the interpreter
+
+
+def run_in_interpreter(test_file: str, *pytest_args: str) -> None:
+    """Run `test_file`'s tests again in a child pytest with TRITON_INTERPRET=1, which must be set before triton is
+    first imported (so not in this process), and fail with the child's output unless they pass."""
+    root = Path(test_file).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, test_file],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+
 
 def patch_triton_interpreter():
     """Two gaps of the Triton 3.6 interpreter that the GPU compiler does not have:

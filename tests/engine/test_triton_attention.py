@@ -11,29 +11,20 @@ tests/engine/test_triton_attention.py` runs them directly.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import patch_triton_interpreter
+from tests.helpers import INTERPRETING, patch_triton_interpreter, run_in_interpreter
 
 pytest.importorskip("triton")
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 in_interpreter = pytest.mark.skipif(not INTERPRETING, reason="runs in the child of test_kernels_in_interpreter")
 
 
 def test_kernels_in_interpreter():
     if INTERPRETING:
         pytest.skip("this process is the interpreter run")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], cwd=root,
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    run_in_interpreter(__file__)
 
 
 if INTERPRETING:
