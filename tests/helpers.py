@@ -103,6 +103,15 @@ def graph_engine(model, log: list | None = None, mixed: bool = False, **override
     return engine
 
 
+def completions_of(engine, ids, timeout: float = 60) -> dict:
+    """The completions of requests `ids` from a background engine, by request id (waits for all of them)."""
+    got = {}
+    while len(got) < len(ids):
+        c = engine.get_completion(timeout=timeout)
+        got[c.request_id] = c
+    return got
+
+
 def two_turns(engine, prompts, params, tool_tokens):
     """Turn 1, then every conversation resubmitted with its completion and a few more tokens: the second turn's
     prompts are chunks after a cached prefix."""

@@ -6,7 +6,7 @@ import torch
 
 from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.models import load_model
-from tests.helpers import hf_greedy, random_prompts, two_turns
+from tests.helpers import completions_of, hf_greedy, random_prompts, two_turns
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -172,10 +172,7 @@ def test_background_engine_never_reads_weights_written_inside_pause(separate_str
                 for p, s in zip(model.parameters(), saved):
                     p.data.copy_(s)
             windows += 1
-        got = {}
-        while len(got) < len(ids):
-            c = engine.get_completion(timeout=60)
-            got[c.request_id] = c
+        got = completions_of(engine, ids, timeout=60)
     finally:
         engine.stop()
     assert windows > 10

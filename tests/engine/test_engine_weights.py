@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.models import load_model
-from tests.helpers import perturb_, random_prompts, recomputed_logits
+from tests.helpers import completions_of, perturb_, random_prompts, recomputed_logits
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
 
@@ -105,10 +105,7 @@ def test_background_generation_alongside_training_on_the_same_module():
             torch.testing.assert_close(loss, ref_loss, atol=0, rtol=0)
             for g, r in zip(grads, ref_grads):
                 torch.testing.assert_close(g, r, atol=0, rtol=0)
-        got = {}
-        while len(got) < len(ids):
-            c = engine.get_completion(timeout=30)
-            got[c.request_id] = c
+        got = completions_of(engine, ids, timeout=30)
     finally:
         engine.stop()
     assert overlapped >= 1  # at least one training step ran while generation was in flight
