@@ -5,7 +5,6 @@ neither disturbs nor is disturbed by generation."""
 import copy
 import inspect
 
-import pytest
 import torch
 from transformers import DynamicCache
 
