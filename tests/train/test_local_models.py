@@ -201,6 +201,39 @@ def test_the_second_load_reads_the_cache_and_a_replaced_file_is_converted_again(
     assert torch.equal(model.model.embed_tokens.weight, replaced.model.embed_tokens.weight)
 
 
+def test_the_tokenizer_is_the_files_whatever_transformers_kept(tmp_path):
+    """transformers 5.17 converts a GGUF's tokenizer with only three of its added tokens and `<|endoftext|>` as the
+    end token; the conversion restores the file's: `<tool_call>` one token at its id, `<|im_end|>` the end. The
+    tokenizer 5.17 gives is rebuilt here from the full one, its other added tokens and end token dropped."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = write_gguf(tmp_path / "m.gguf", reference_model("qwen2"))
+    full = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    spec = json.loads(full.backend_tokenizer.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in SPECIAL]
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token="<|endoftext|>")
+    tokens = vocabulary()[0]
+    assert tok.encode("<tool_call>", add_special_tokens=False) != [tokens.index("<tool_call>")]  # split in pieces
+    models._register_gguf_added_tokens(tok, path)
+    assert tok.encode("<|im_end|><tool_call>x</tool_call>", add_special_tokens=False) == [
+        tokens.index("<|im_end|>"), tokens.index("<tool_call>"), tokens.index("x"), tokens.index("</tool_call>")]
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and len(tok) == len(tokens)
+
+
+def test_a_copy_from_an_older_conversion_is_converted_again(tmp_path, cache, conversions):
+    path = write_gguf(tmp_path / "m.gguf", reference_model("qwen2"))
+    load_model(str(path))
+    (copy,) = (cache / "gguf").iterdir()
+    (copy / "agentrl_conversion.json").unlink()  # as a copy made before the conversion had a version
+    model, tok = load_model(str(path))
+    assert conversions == [path, path]
+    assert [c.name for c in (cache / "gguf").iterdir()] == [copy.name]  # replaced in place, nothing left beside
+    assert json.loads((copy / "agentrl_conversion.json").read_text()) == {"conversion": models._CONVERSION}
+    load_model(str(path))
+    assert conversions == [path, path]
+
+
 def test_an_interrupted_conversion_leaves_no_checkpoint_behind(tmp_path, cache, monkeypatch):
     from transformers import PreTrainedTokenizerBase
 
