@@ -39,6 +39,10 @@ _STYLES = {
     "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
 }
 _PARTIAL_GRAD = "replicated_with_grad_allreduce"  # replicated, but each rank's gradient covers its heads only
+# Styles left out of the split: the module stays whole (Replicate) like everything the plan does not name.
+# transformers 5.17 adds `embed_tokens: embedding_rowwise` to a model's plan; the embedding stays whole here, as the
+# lm_head does (the chunked lm_head and the engine read the whole vocabulary on every rank).
+_KEPT_WHOLE = {"embedding_rowwise"}
 _LOCAL_VIEW = "_agentrl_local_view"  # on a replicated Parameter: None, or the group its gradient is summed over
 
 
@@ -59,6 +63,8 @@ def tensor_parallel_plan(model: nn.Module) -> dict[str, str]:
     names = [name for name, _ in decoder.named_modules() if name]
     out: dict[str, str] = {}
     for pattern, style in plan.items():
+        if style in _KEPT_WHOLE:
+            continue
         if style not in _STYLES and style != _PARTIAL_GRAD:
             raise NotImplementedError(f"tp plan style {style!r} (for {pattern}) is not supported")
         for name in names:

@@ -194,6 +194,18 @@ def test_plan_names_real_modules_of_both_models():
         assert sum(style == "colwise_gather_output" for style in plan.values()) == split * 2  # linear attention
 
 
+def test_an_embedding_rowwise_entry_leaves_the_embedding_whole():
+    """transformers 5.17 adds `embed_tokens: embedding_rowwise` to a model's plan; the embedding stays whole (it is
+    not split, and the plan is accepted), and an unknown style still raises."""
+    model, _ = load_model("tiny-qwen3")
+    model.config.base_model_tp_plan = {**model.config.base_model_tp_plan, "embed_tokens": "embedding_rowwise"}
+    plan = tensor_parallel_plan(model)
+    assert "model.embed_tokens" not in plan and plan["model.layers.1.self_attn.o_proj"] == "rowwise"
+    model.config.base_model_tp_plan = {**model.config.base_model_tp_plan, "norm": "sequence_parallel"}
+    with pytest.raises(NotImplementedError, match="'sequence_parallel'"):
+        tensor_parallel_plan(model)
+
+
 def test_local_head_counts_and_divisibility():
     config = tiny_config("tiny-qwen3")
     assert local_head_counts(config, 2) == (2, 1)
