@@ -67,8 +67,22 @@ def test_kernels_whose_backward_fails_keep_packed_rows_with_the_reference_delta_
     monkeypatch.setattr(logprobs, "varlen_kernels_installed", lambda: True)
     monkeypatch.setattr(build, "packing_error", lambda model, hybrid_varlen, relative: 1e-6)  # the forward is fine
     model, tok = load_model("tiny-qwen3.5")
-    # Here (no flash-linear-attention) the model's own delta rule refuses the boundaries, as fla's backward refuses
-    # Hopper under Triton < 3.7.1: the run keeps packed rows and runs the PyTorch reference sample by sample.
+    # A delta rule that refuses the boundaries, as fla's backward refuses Hopper under Triton < 3.7.1 (transformers'
+    # own torch rule refuses them in 5.24 and ignores them in 5.17, so the test states the refusal itself): the run
+    # keeps packed rows and runs the PyTorch reference sample by sample.
+    import functools
+    import sys
+
+    module = sys.modules[type(next(m for m in model.modules() if hasattr(m, "conv1d"))).__module__]
+    rule = module.torch_chunk_gated_delta_rule
+
+    @functools.wraps(rule)
+    def refusing(*args, cu_seqlens=None, **kwargs):
+        if cu_seqlens is not None:
+            raise RuntimeError("this kernel cannot train across sample boundaries here")
+        return rule(*args, **kwargs)
+
+    monkeypatch.setattr(module, "torch_chunk_gated_delta_rule", refusing)
     assert logprobs.packed_backward_failure(model) is not None
     _, _, varlen = build._trainable(ModelConfig(name="tiny-qwen3.5"), model, tok, "cuda")
     assert varlen is True
