@@ -152,7 +152,7 @@ def replays_and_views(name, mesh, samples, reference) -> dict:
     activation checkpointing (the backward replays each decoder layer's forward, the gated delta net reading its
     convolution's weight again), and a deep copy sharing every parameter (the engine's view of the model)."""
     checkpointed = apply_tensor_parallel(tiny_model(name), mesh)
-    checkpointed.activation_checkpointing_enable()
+    checkpointed.gradient_checkpointing_enable()  # the name both transformers 5.17 and 5.24 have
     train_step(checkpointed, samples)
     grad_diff = max(float((full(p.grad) - q.grad).abs().max())
                     for p, q in zip(checkpointed.parameters(), reference.parameters()))
