@@ -72,10 +72,12 @@ def test_sigterm_on_one_rank_stops_every_rank_at_one_saved_step_and_the_run_resu
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
     assert stopped_in < 60
-    # Every rank ended on the signal's exit code (the launcher reports that as its workers' failure, with a
-    # traceback of its own frames); none of agentrl's frames failed.
+    # Every rank ended on the signal (the launcher reports that as its workers' failure, with a traceback of its own
+    # frames); none of agentrl's frames failed. A rank that had saved and was exiting when the launcher's own SIGTERM
+    # reached it ends on that signal at once (-15: a second signal exits at once), as happened once on a loaded
+    # 2-core box; the shards checked below show every rank saved first.
     codes = re.findall(r"exitcode\s*:\s*(-?\d+)", log)
-    assert len(codes) >= nproc and set(codes) == {"143"}, log[-4000:]
+    assert len(codes) >= nproc and "143" in codes and set(codes) <= {"143", "-15"}, log[-4000:]
     for block in log.split("Traceback (most recent call last):")[1:]:
         assert "agentrl/" not in block.split("\n\n")[0], block[:4000]
     done = records(run)[-1]["step"]
