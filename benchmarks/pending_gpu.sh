@@ -51,7 +51,9 @@ item() {
         --max-steps 60 --run-dir /tmp/stall-probe --overwrite --engine.compile=true --model.compile_layers=true ;;
     engine-profile) TAIL=30 run "$1" 150 python3 benchmarks/profile_engine.py ;;
     # #17: the 0.5B model's longer hotpotqa_search run with a stronger search bonus (MODEL: the joined GGUF,
-    # carried by benchmarks/ship_model.py); its own call: the evals and 300 s of training take ≈ 8 minutes
+    # carried by benchmarks/ship_model.py); its own call: the evals and 300 s of training take ≈ 8 minutes. Since the
+    # GGUF conversion gives the file's tokenizer under any transformers version, this model makes no tool call with
+    # the recipe's prompt (BENCHMARKS.md, 2026-12-01 13:40): choose a tool-call spelling it produces first
     learning) TAIL=30 run "$1" 560 env MODEL="${MODEL:?MODEL=path/to/qwen2.5-coder-0.5b.gguf}" DATA="$DATA" \
         OUT="$OUT/learning" HOTPOT_SECONDS=300 GSM8K_SECONDS=0 SEARCH_BONUS=0.5 bash benchmarks/qwen05_learning.sh ;;
     *) echo "unknown item $1" >&2; return 2 ;;
