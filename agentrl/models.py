@@ -331,8 +331,10 @@ def _register_gguf_added_tokens(tok, gguf: Path) -> None:
     wanted = []
     for index, (t, k) in enumerate(zip(texts.data, types.data)):
         kind = int(types.parts[k][0])
+        if kind not in (3, 4):
+            continue
         text = bytes(texts.parts[t]).decode("utf-8", errors="replace")
-        if kind in (3, 4) and text not in have and tok.convert_tokens_to_ids(text) == index:
+        if text not in have and tok.convert_tokens_to_ids(text) == index:
             wanted.append(AddedToken(text, special=kind == 3, normalized=False))
     if wanted:
         tok.add_tokens(wanted)

@@ -27,6 +27,8 @@ CPU smoke: python benchmarks/overlap.py --smoke
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import queue
 import random
 import statistics
@@ -107,7 +109,7 @@ class Rollouts:
         return samples
 
 
-def run_loop(model, trainer, separate: bool, args, on: str, pause_engine: bool = False) -> dict:
+def run_loop(model, trainer, separate: bool, args, pause_engine: bool = False) -> dict:
     from agentrl.engine import Engine, EngineConfig
 
     engine = Engine(model, EngineConfig(max_num_seqs=max(args.in_flight, 1), max_model_len=args.prompt + args.new + 16,
@@ -115,17 +117,11 @@ def run_loop(model, trainer, separate: bool, args, on: str, pause_engine: bool =
     engine.start()
     rollouts = Rollouts(engine, args.in_flight, model.config.vocab_size, args.new, args.prompt)
 
-    def guard():
-        import contextlib
-
-        @contextlib.contextmanager
-        def update():
-            with engine.pause():
-                yield
-                engine.bump_version()
-        return update()
-
-    import contextlib
+    @contextlib.contextmanager
+    def guard():  # the run's update guard (`agentrl.run.build.step`): no decode step sees half an update
+        with engine.pause():
+            yield
+            engine.bump_version()
 
     seconds, waits, trains, generated, beside = [], [], [], [], []
     try:
@@ -191,8 +187,7 @@ def main(argv=None) -> None:
     model = tiny_model(on) if args.smoke else shaped_model("smollm2", on)
     trainer, line = default_trainer(model)
     if args.rows_per_micro_batch:
-        trainer.config = type(trainer.config)(**{**vars(trainer.config),
-                                                  "rows_per_micro_batch": args.rows_per_micro_batch})
+        trainer.config = dataclasses.replace(trainer.config, rows_per_micro_batch=args.rows_per_micro_batch)
     name = torch.cuda.get_device_name() if on == "cuda" else "CPU"
     print(f"{'tiny' if args.smoke else 'SmolLM2-135M'}-shaped model on {name}; {line}", flush=True)
     rows = []
@@ -202,13 +197,13 @@ def main(argv=None) -> None:
         elif row in ("shared", "separate", "paused"):
             label = {"shared": "engine + trainer, one stream", "separate": "engine + trainer, the engine's own stream",
                      "paused": "engine + trainer, the engine paused during each trainer step"}[row]
-            rows.append((label, run_loop(model, trainer, row == "separate", args, on, pause_engine=row == "paused")))
+            rows.append((label, run_loop(model, trainer, row == "separate", args, pause_engine=row == "paused")))
         elif row == "switch":
             interval = sys.getswitchinterval()
             sys.setswitchinterval(0.0005)
             try:
                 rows.append(("engine + trainer, one stream, thread switch interval 0.5 ms",
-                             run_loop(model, trainer, False, args, on)))
+                             run_loop(model, trainer, False, args)))
             finally:
                 sys.setswitchinterval(interval)
         else:
