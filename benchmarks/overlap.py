@@ -15,12 +15,15 @@ Rows (`--rows`), each a question about why a trainer step beside the engine is s
 - `switch`: one stream, Python's thread switch interval at 0.5 ms instead of 5: does the trainer thread wait for the
   GIL after each blocking call while the engine thread holds it?
 - `paused`: the engine held in `pause()` through every trainer step: the trainer alone again, with generation no
-  longer overlapping it (what a step costs when nothing runs beside the trainer).
+  longer overlapping it (what a step costs when nothing runs beside the trainer);
+- `plain`: one stream, the engine's step lock without its queue (as before `agentrl/engine/step_lock.py`): does the
+  trainer wait for the lock (its optimizer step's `pause()`, the stats it reads) while the engine re-takes it?
 Per row: s/step (median after `--warmup` steps), the median wait for a step's groups, the median trainer step, the
-engine steps run during the measured trainer steps per trainer step, and generated tokens/s.
+median time the trainer's thread waited for the engine's lock in a step, the engine steps run during the measured
+trainer steps per trainer step, and generated tokens/s.
 
 usage: python benchmarks/overlap.py [--steps 10] [--warmup 3] [--in-flight 128] [--rows-per-micro-batch 1]
-                                   [--rows shared,separate,alone,switch,paused]
+                                   [--rows shared,plain,separate,alone,switch,paused]
 CPU smoke: python benchmarks/overlap.py --smoke
 """
 
@@ -40,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for `benchmarks` and `agentrl`
 
+from agentrl.engine.step_lock import StepLock  # noqa: E402
 from benchmarks.train_step import default_trainer, device, shaped_model, synchronize  # noqa: E402
 
 GROUP, GROUPS_PER_STEP, PROMPT, NEW = 8, 8, 320, 128
@@ -109,11 +113,20 @@ class Rollouts:
         return samples
 
 
-def run_loop(model, trainer, separate: bool, args, pause_engine: bool = False) -> dict:
+class PlainStepLock(StepLock):
+    """The engine's lock as it was: waiters from outside get no turn ahead of the engine thread's next step."""
+
+    def yield_to_outside(self, timeout: float = 1.0) -> None:
+        pass
+
+
+def run_loop(model, trainer, separate: bool, args, pause_engine: bool = False, plain_lock: bool = False) -> dict:
     from agentrl.engine import Engine, EngineConfig
 
     engine = Engine(model, EngineConfig(max_num_seqs=max(args.in_flight, 1), max_model_len=args.prompt + args.new + 16,
                                         separate_stream=separate, compile=False, seed=0))
+    if plain_lock:
+        engine._lock = PlainStepLock()
     engine.start()
     rollouts = Rollouts(engine, args.in_flight, model.config.vocab_size, args.new, args.prompt)
 
@@ -123,26 +136,29 @@ def run_loop(model, trainer, separate: bool, args, pause_engine: bool = False) -
             yield
             engine.bump_version()
 
-    seconds, waits, trains, generated, beside = [], [], [], [], []
+    seconds, waits, trains, generated, beside, lock_waits = [], [], [], [], [], []
     try:
         for _ in range(args.steps):
             t0 = time.perf_counter()
             samples = rollouts.take(GROUPS_PER_STEP)
+            before = engine.stats
             t1 = time.perf_counter()
-            steps_before = engine.stats.steps
             with engine.pause() if pause_engine else contextlib.nullcontext():
                 trainer.step(samples, engine.policy_version, guard=guard)
                 synchronize()
             t2 = time.perf_counter()
+            after = engine.stats
             seconds.append(t2 - t0)
             waits.append(t1 - t0)
             trains.append(t2 - t1)
-            beside.append(engine.stats.steps - steps_before)
+            beside.append(after.steps - before.steps)
+            lock_waits.append(after.pause_wait_seconds - before.pause_wait_seconds)
             generated.append(sum(sum(s.trainable) for s in samples))
     finally:
         engine.stop()
     return {**summary(seconds, waits, trains, generated, args.warmup),
-            "beside": statistics.median(beside[args.warmup:] or beside)}
+            "beside": statistics.median(beside[args.warmup:] or beside),
+            "lock wait": statistics.median(lock_waits[args.warmup:] or lock_waits)}
 
 
 def trainer_alone(model, trainer, args) -> dict:
@@ -162,7 +178,8 @@ def trainer_alone(model, trainer, args) -> dict:
         synchronize()
         seconds.append(time.perf_counter() - t)
     generated = sum(sum(s.trainable) for s in samples)
-    return {**summary(seconds, [0.0] * len(seconds), seconds, [generated] * len(seconds), args.warmup), "beside": 0}
+    return {**summary(seconds, [0.0] * len(seconds), seconds, [generated] * len(seconds), args.warmup),
+            "beside": 0, "lock wait": 0.0}
 
 
 def summary(seconds, waits, trains, generated, warmup: int) -> dict:
@@ -178,8 +195,8 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--in-flight", type=int, default=128)
     ap.add_argument("--rows-per-micro-batch", type=int, default=None)
-    ap.add_argument("--rows", default="shared,separate,alone,switch,paused",
-                    help="comma list of alone, shared, separate, switch, paused")
+    ap.add_argument("--rows", default="shared,plain,separate,alone,switch,paused",
+                    help="comma list of alone, shared, plain, separate, switch, paused")
     ap.add_argument("--smoke", action="store_true", help="a tiny model, few tokens: checks the script runs")
     args = ap.parse_args(argv)
     on = device()
@@ -198,6 +215,9 @@ def main(argv=None) -> None:
             label = {"shared": "engine + trainer, one stream", "separate": "engine + trainer, the engine's own stream",
                      "paused": "engine + trainer, the engine paused during each trainer step"}[row]
             rows.append((label, run_loop(model, trainer, row == "separate", args, pause_engine=row == "paused")))
+        elif row == "plain":
+            rows.append(("engine + trainer, one stream, the engine's lock without its queue (before)",
+                         run_loop(model, trainer, False, args, plain_lock=True)))
         elif row == "switch":
             interval = sys.getswitchinterval()
             sys.setswitchinterval(0.0005)
@@ -207,16 +227,16 @@ def main(argv=None) -> None:
             finally:
                 sys.setswitchinterval(interval)
         else:
-            raise SystemExit(f"--rows: unknown {row!r}; choose from alone, shared, separate, switch, paused")
+            raise SystemExit(f"--rows: unknown {row!r}; choose from alone, shared, plain, separate, switch, paused")
         m = rows[-1][1]
         print(f"  {rows[-1][0]}: {m['s/step']:.3f} s/step, wait {m['wait']:.3f}, train {m['train']:.3f}", flush=True)
     print(f"\n{GROUPS_PER_STEP} groups x {GROUP} a step, prompt {args.prompt}, <= {args.new} new tokens, "
           f"{args.in_flight} in flight; medians over steps {args.warmup + 1}-{args.steps}\n")
-    print("| row | s/step | wait for groups s | trainer step s | engine steps beside it | generated tok/s |\n"
-          "|---|---|---|---|---|---|")
+    print("| row | s/step | wait for groups s | trainer step s | its wait for the engine's lock s "
+          "| engine steps beside it | generated tok/s |\n|---|---|---|---|---|---|---|")
     for label, m in rows:
-        print(f"| {label} | {m['s/step']:.3f} | {m['wait']:.3f} | {m['train']:.3f} | {m['beside']:.0f} "
-              f"| {m['gen tok/s']:,.0f} |")
+        print(f"| {label} | {m['s/step']:.3f} | {m['wait']:.3f} | {m['train']:.3f} | {m['lock wait']:.3f} "
+              f"| {m['beside']:.0f} | {m['gen tok/s']:,.0f} |")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ Data flow:
 
 Two drive modes: `start()` runs steps on a background thread (results through callbacks or
 `get_completion`), or the owner calls `step()` itself. Every state change happens under one lock held for a
-whole step, so `pause()`, `release_kv()` and `bump_version()` never land in the middle of a forward.
+whole step, so `pause()`, `release_kv()` and `bump_version()` never land in the middle of a forward; a thread that
+waits on it is let in before the background thread's next step (step_lock.py).
 
 A tensor-parallel model (`agentrl.parallel.apply_tensor_parallel`) is decoded from its shards in place, each rank
 holding the KV of its own heads. Its requests are tp rank 0's: each step every rank takes in what tp rank 0
@@ -60,6 +61,7 @@ from agentrl.engine.sampler import Sampler
 from agentrl.engine.scheduler import FINISHED, Scheduler, Sequence
 from agentrl.engine.stats import EngineStats
 from agentrl.engine.streams import EngineStream
+from agentrl.engine.step_lock import StepLock
 from agentrl.engine.step_layout import fill_placeholders, layout_step, step_inputs, upload
 from agentrl.engine.tensor_parallel import TensorParallel
 from agentrl.engine.types import Completion, SamplingParams
@@ -133,7 +135,7 @@ class Engine:
         self._stream = EngineStream(self.device, config.separate_stream)  # the background thread's (streams.py)
         self.policy_version = 0
         self._stats = EngineStats(total_pages=num_pages)
-        self._lock = threading.RLock()  # held for a whole step
+        self._lock = StepLock()  # held for a whole step; others are let in between steps (step_lock.py)
         self._inbox_lock = threading.Lock()
         self._inbox: deque[Sequence] = deque()
         self._cancels: deque[int] = deque()
@@ -428,6 +430,7 @@ class Engine:
                     self._wake.clear()
                     self._stats.idle_seconds += time.perf_counter() - t
                     continue
+                self._lock.yield_to_outside()
                 for completion, has_callback in self._step():
                     if not has_callback:
                         self._results.put(completion)
@@ -462,7 +465,7 @@ class Engine:
     @contextlib.contextmanager
     def pause(self):
         """No step runs inside: wrap an optimizer step (and the bump) so no token mixes two weight sets."""
-        with self._lock, self._stream.joined():
+        with self._lock.outside(), self._stream.joined():
             t = time.perf_counter()
             try:
                 yield self
@@ -470,7 +473,7 @@ class Engine:
                 self._stats.paused_seconds += time.perf_counter() - t
 
     def bump_version(self, version: int | None = None) -> int:
-        with self._lock:
+        with self._lock.outside():
             self.policy_version = self.policy_version + 1 if version is None else int(version)
             if self.config.kv_on_update == "recompute":
                 self._recompute_pending = True
@@ -479,7 +482,7 @@ class Engine:
     def warmup(self) -> None:
         """Capture the decode graphs of every batch-size bucket now rather than at the first pure-decode step
         (which does it otherwise). No-op without graphs."""
-        with self._lock, self._stream.joined():
+        with self._lock.outside(), self._stream.joined():
             if self.graphs is not None and not self._released:
                 self.graphs.warmup()
 
@@ -487,7 +490,7 @@ class Engine:
         """Hand the KV pool's device memory back (e.g. for a training step); live sequences keep their KV
         on the host and continue exactly after `restore_kv()`. Decode graphs are kept: they are replayed again
         if the restored pool lands at the same address, and captured again if not (see cuda_graphs.py)."""
-        with self._lock, self._stream.joined():
+        with self._lock.outside(), self._stream.joined():
             if self._released:
                 return
             self.pool.drop_unreferenced()  # those pages are not saved: stop advertising them
@@ -501,7 +504,7 @@ class Engine:
             self._released = True
 
     def restore_kv(self) -> None:
-        with self._lock, self._stream.joined():
+        with self._lock.outside(), self._stream.joined():
             if not self._released:
                 return
             self.storage.restore()
@@ -514,8 +517,9 @@ class Engine:
 
     @property
     def stats(self) -> EngineStats:
-        with self._lock:
+        with self._lock.outside():
             st = replace(self._stats)
+            st.pause_wait_seconds = self._lock.wait_seconds
             st.running, st.waiting = len(self.scheduler.running), len(self.scheduler.waiting)
             with self._inbox_lock:
                 st.waiting += len(self._inbox)

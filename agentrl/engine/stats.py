@@ -31,6 +31,7 @@ class EngineStats:
     snapshot_bytes: int = 0  # device memory of the snapshot pool
     idle_seconds: float = 0.0  # the engine thread had nothing to run (no requests, or the KV pool released)
     paused_seconds: float = 0.0  # held off by pause(): optimizer steps and checkpoints
+    pause_wait_seconds: float = 0.0  # other threads waited for a step to end (pause, release, stats)
 
     @property
     def batch_occupancy(self) -> float:
