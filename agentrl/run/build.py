@@ -303,10 +303,11 @@ def step(run: Run) -> dict:
 
     if run.cfg.release_kv_during_step:
         engine.release_kv()
-    if run.parallel is not None:
-        trained = run.parallel.train(run.trainer, samples, engine.policy_version, update_guard)
-    else:
-        trained = run.trainer.step(samples, engine.policy_version, guard=update_guard)
+    with contextlib.nullcontext() if run.cfg.generate_during_step else engine.pause():
+        if run.parallel is not None:
+            trained = run.parallel.train(run.trainer, samples, engine.policy_version, update_guard)
+        else:
+            trained = run.trainer.step(samples, engine.policy_version, guard=update_guard)
     if run.cfg.release_kv_during_step:
         engine.restore_kv()
     for group in local_groups:

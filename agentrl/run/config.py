@@ -71,6 +71,9 @@ class TrainConfig(_Loadable):
     # Hand the engine's KV memory to the training step and take it back after (live rollouts continue exactly);
     # generation pauses during the step.
     release_kv_during_step: bool = False
+    # The engine decodes beside the trainer's forward and backward (its update always runs under `Engine.pause()`).
+    # False: the engine waits through the whole step and the trainer has the GPU and the host to itself.
+    generate_during_step: bool = True
     # Replayable runs: generation and training alternate (a step's rollouts all finish, then the trainer steps),
     # the engine takes requests in a fixed order and recomputes KV after each update, kernels are deterministic.
     # Two runs of the same config give bit-identical weights, and so does a run stopped and resumed. Slower: the

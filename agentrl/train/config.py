@@ -147,7 +147,9 @@ class TrainerConfig:
     row_tokens: int = 8192  # packing capacity of one row
     row_pad_multiple: int = 128  # row width rounded up to this: fewer distinct shapes for compiled attention kernels
     logprob_chunk_size: int = 1024  # rows of the chunked lm_head (its fp32 logits: rows x vocab x 4 bytes)
-    rows_per_micro_batch: int = 1  # packed rows per forward/backward; gradients accumulate over the batch
+    # Packed rows per forward/backward; gradients accumulate over the batch. None: as many rows as an estimate of
+    # their activations fits in 16 GiB (agentrl.train.micro_batch): several for small models, one for large ones.
+    rows_per_micro_batch: int | None = None
     # Compute each rollout group's common prefix (the prompt, and any history its members share) once instead of
     # once per member (agentrl.train.prefix_pack); exact, and applied only where the forward supports it (dense
     # full-attention models under sdpa, eager, flex_attention or the varlen kernel). false: unshared packing.
@@ -155,5 +157,7 @@ class TrainerConfig:
 
     def __post_init__(self):
         check_types(self, "trainer")
-        for key in ("row_tokens", "row_pad_multiple", "logprob_chunk_size", "rows_per_micro_batch"):
+        for key in ("row_tokens", "row_pad_multiple", "logprob_chunk_size"):
             require(getattr(self, key) >= 1, f"trainer.{key}", "must be >= 1")
+        require(self.rows_per_micro_batch is None or self.rows_per_micro_batch >= 1, "trainer.rows_per_micro_batch",
+                "must be >= 1 (or none: from the model's size)")

@@ -18,6 +18,7 @@ from agentrl.sample import TrainingSample
 from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig
 from agentrl.train.logprobs import packed_token_logprobs
 from agentrl.train.loss import loss_denominator, policy_loss
+from agentrl.train.micro_batch import default_rows_per_micro_batch
 from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
 from agentrl.train.pack import pack_samples
 from agentrl.train.prefix_forward import prefix_sharing_error, prefix_sharing_unsupported, shared_token_logprobs
@@ -35,6 +36,7 @@ class Trainer:
         self.device = next(model.parameters()).device
         # On GPU, rows (or the flat layout's length) round up to a multiple: fewer shapes for compiled kernels.
         self.pad_multiple = config.row_pad_multiple if self.device.type == "cuda" else 1
+        self.rows_per_micro_batch = config.rows_per_micro_batch or default_rows_per_micro_batch(model, config.row_tokens)
         self.optimizer = build_optimizer(model, optim)
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
         self.stepper = Stepper(model, self.optimizer, self.scheduler, optim)
@@ -77,8 +79,8 @@ class Trainer:
         started = time.perf_counter()
         loss_sum, pending = 0.0, []
         n_rows = batch.input_ids.shape[0]
-        for first in range(0, n_rows, cfg.rows_per_micro_batch):
-            host_micro = batch.select_rows(first, min(first + cfg.rows_per_micro_batch, n_rows))
+        for first in range(0, n_rows, self.rows_per_micro_batch):
+            host_micro = batch.select_rows(first, min(first + self.rows_per_micro_batch, n_rows))
             micro, micro_tokens = host_micro.to(self.device), host_micro.trainable_tokens().to(self.device)
             # Under the temperature the generator sampled with: the behaviour logprobs are of logits / T, and the
             # importance ratio must compare like with like.
