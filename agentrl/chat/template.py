@@ -26,6 +26,8 @@ from agentrl.chat.unicode import encodable
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 DEFAULT_TEMPLATE = "chatml_tools"
 TOOL_CALL_END = "</tool_call>"
+# The tags a tool conversation's template writes around calls and results (Qwen2.5's and agentrl's ChatML).
+TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 # Stand-ins for the dummy conversation the suffix is cut from; plain words so no template reshapes them.
 _DUMMY_USER = "agentrl dummy question"
@@ -116,8 +118,14 @@ class ChatFormat:
     """
 
     def __init__(self, tokenizer, tools_schema: list[dict] | None = None, template: str | None = None, *,
-                 template_kwargs: dict | None = None, eos_token_ids: list[int] | None = None):
+                 template_kwargs: dict | None = None, eos_token_ids: list[int] | None = None,
+                 text_tags: tuple[str, ...] = ()):
+        """`text_tags`: strings spelled as ordinary text pieces wherever the rendered text holds them, even where
+        the tokenizer has them as added tokens (`model.tool_tags=text`: a model that never emits its tool-call
+        tag tokens may still copy the tags written as text)."""
         self.tokenizer = tokenizer
+        self._text_tags = {tag: self._text_pieces(tag) for tag in text_tags}
+        self._tag_split = re.compile("(" + "|".join(map(re.escape, text_tags)) + ")") if text_tags else None
         self.tools = list(tools_schema or [])
         self.source, self.template_name = select_template(tokenizer, template)
         self.template_kwargs = dict(template_kwargs or {})
@@ -151,7 +159,17 @@ class ChatFormat:
     def encode(self, text: str) -> list[int]:
         # The template writes every special token itself (bos included), so the tokenizer must add none. A lone
         # surrogate (from a tool's output, JSON a model wrote, a data file) would make the tokenizer raise.
-        return list(self.tokenizer.encode(encodable(text), add_special_tokens=False))
+        text = encodable(text)
+        if self._tag_split is None:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        # An added token already splits the text the tokenizer sees, so cutting at the tags changes nothing else.
+        ids: list[int] = []
+        for part in self._tag_split.split(text):
+            if part in self._text_tags:
+                ids += self._text_tags[part]
+            elif part:
+                ids += self.tokenizer.encode(part, add_special_tokens=False)
+        return ids
 
     def decode(self, ids: list[int], *, strip_eos: bool = True) -> str:
         """Text of generated ids with special tokens kept (they carry the tool-call tags), minus a final eos."""
@@ -199,6 +217,15 @@ class ChatFormat:
         at = text.rfind(_DUMMY_ASSISTANT)
         tail = text[at + len(_DUMMY_ASSISTANT):] if at != -1 else ""
         return tail.split("\n", 1)[0]
+
+    def _text_pieces(self, tag: str) -> list[int]:
+        """The ids of `tag` as the tokenizer's BPE spells ordinary text, bypassing its added-token match."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ValueError("model.tool_tags=text needs a fast (tokenizers-backed) tokenizer")
+        text = backend.normalizer.normalize_str(tag) if backend.normalizer is not None else tag
+        words = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer is not None else [(text, None)]
+        return [token.id for word, _ in words for token in backend.model.tokenize(word)]
 
     def _single_token(self, text: str) -> int | None:
         if not text:

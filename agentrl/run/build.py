@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from agentrl.chat import ChatFormat
+from agentrl.chat.template import TOOL_TAGS
 from agentrl.engine import Engine, EngineConfig
 from agentrl.engine.model_view import compile_decoder_layers
 from agentrl.env import Environment, load_environment
@@ -69,6 +70,11 @@ def default_device() -> str:
 def load_env_and_data(cfg: EnvConfig, split: str, limit: int | None = None) -> tuple[Environment, list[dict]]:
     env = load_environment(cfg.name, **cfg.args)
     return env, cfg.rows(list(env.load_dataset(split=split, path=cfg.data, limit=cfg.load_limit(limit))), limit)
+
+
+def chat_format(tokenizer, env: Environment, cfg: ModelConfig) -> ChatFormat:
+    """The conversation's token format: the tokenizer's template (or agentrl's) with the env's tools."""
+    return ChatFormat(tokenizer, env.tools(), text_tags=TOOL_TAGS if cfg.tool_tags == "text" else ())
 
 
 def load_policy(cfg: ModelConfig, device: str):
@@ -226,7 +232,7 @@ def build_run(cfg: TrainConfig, checkpoint: Path | None | str = "latest", parall
     model, tokenizer, varlen = load_trainable_policy(cfg.model, device)
     if parallel is not None:
         parallel.prepare_model(model)
-    fmt = ChatFormat(tokenizer, env.tools())
+    fmt = chat_format(tokenizer, env, cfg.model)
     engine = make_engine(model, tokenizer, fmt, cfg.engine, cfg.rollout, cfg.seed, training=True,
                          deterministic=cfg.deterministic)
     compile_trainer_layers(cfg, model, device)  # after the engine's view, a copy made above

@@ -6,9 +6,8 @@ import json
 import time
 from pathlib import Path
 
-from agentrl.chat import ChatFormat
 from agentrl.rollout import PromptIterator, RolloutDriver, summarize
-from agentrl.run.build import default_device, load_env_and_data, load_policy, make_engine
+from agentrl.run.build import chat_format, default_device, load_env_and_data, load_policy, make_engine
 from agentrl.run.config import EvalConfig
 
 # The summary's headline keys, filled from the environments' reward components where they exist.
@@ -18,7 +17,7 @@ HEADLINE = {"answer_f1": ("answer_f1",), "answer_em": ("answer_em",), "accuracy"
 def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     env, dataset = load_env_and_data(config.env, split=config.split, limit=config.limit)
     model, tokenizer = load_policy(config.model, config.device or default_device())
-    fmt = ChatFormat(tokenizer, env.tools())
+    fmt = chat_format(tokenizer, env, config.model)
     engine = make_engine(model, tokenizer, fmt, config.engine, config.rollout, config.seed, training=False)
     prompts = PromptIterator(dataset, shuffle=False, max_epochs=1)
     driver = RolloutDriver(env, engine, fmt, prompts, config.rollout, seed=config.seed)

@@ -143,10 +143,9 @@ def _replay_step(cfg, run_dir: Path, record: dict) -> list[TurnDiff]:
 def _replay_turns(cfg, run_dir: Path, record: dict) -> list[TurnDiff]:
     import torch
 
-    from agentrl.chat import ChatFormat
     from agentrl.engine import SamplingParams
     from agentrl.env import load_environment
-    from agentrl.run.build import default_device, load_policy, make_engine
+    from agentrl.run.build import chat_format, default_device, load_policy, make_engine
     from agentrl.train.checkpoint import load_checkpoint
 
     env = load_environment(cfg.env.name, **cfg.env.args)
@@ -161,7 +160,7 @@ def _replay_turns(cfg, run_dir: Path, record: dict) -> list[TurnDiff]:
             checkpoint = _checkpoint_of(run_dir, version)
             if checkpoint is not None:
                 load_checkpoint(checkpoint, model, restore_rng=False)
-            fmt = ChatFormat(tokenizer, env.tools())
+            fmt = chat_format(tokenizer, env, cfg.model)
             # The engine as the run configured it (training=True: the same compile choice).
             engine = make_engine(model, tokenizer, fmt, cfg.engine, cfg.rollout, cfg.seed, training=True,
                                  deterministic=cfg.deterministic)

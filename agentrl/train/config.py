@@ -42,6 +42,11 @@ class ModelConfig:
     # extra) instead of running each sample on its own; the run verifies the kernels honour them before the first
     # step. None: on GPU (where the per-sample path is slow), never on CPU (where the per-sample path is exact).
     hybrid_varlen: bool | None = None
+    # How prompts spell the tool tags (`<tool_call>`, `<tool_response>` and their ends): "tokens", as the tokenizer
+    # encodes them (its added tokens where it has them); "text", as ordinary text pieces. Qwen2.5-Coder-0.5B never
+    # emits its `<tool_call>` token, yet copies the tag written as text (BENCHMARKS.md, 2026-12-01 13:40); the parser
+    # reads the tag from decoded text either way.
+    tool_tags: Literal["tokens", "text"] = "tokens"
 
     def __post_init__(self):
         check_types(self, "model")
