@@ -9,9 +9,9 @@ set -euo pipefail
 : "${MODEL:?the model: a .gguf path (benchmarks/ship_model.py carries it to a GPU host)}"
 DATA=${DATA:-../shared/data}
 OUT=${OUT:-runs/qwen05}
-# The eval's turn budgets are the recipe's, so before and after are measured as the policy trains.
+# The eval's turn budgets and tool-tag spelling are the recipe's, so before and after are measured as the policy trains.
 CONFIG=examples/train_hotpotqa_search_qwen05.yaml MODEL=$MODEL OUT=$OUT/hotpotqa TRAIN_SECONDS=${HOTPOT_SECONDS:-240} \
-  EVAL="--data $DATA/hotpotqa/dev.jsonl --env-arg few_shot=1 --env-arg search_bonus=${SEARCH_BONUS:-0.1} --limit 738 --max-turns 4 --max-new-tokens 256 --rollouts-in-flight 128" \
+  EVAL="--data $DATA/hotpotqa/dev.jsonl --env-arg few_shot=1 --env-arg search_bonus=${SEARCH_BONUS:-0.1} --limit 738 --max-turns 4 --max-new-tokens 256 --rollouts-in-flight 128 --model.tool_tags=text" \
   bash benchmarks/learning.sh --env.data="$DATA/hotpotqa/train.jsonl" --env.args.search_bonus="${SEARCH_BONUS:-0.1}"
 [ "${GSM8K_SECONDS:-120}" = 0 ] && exit 0
 CONFIG=examples/train_gsm8k_math_qwen05.yaml MODEL=$MODEL OUT=$OUT/gsm8k TRAIN_SECONDS=${GSM8K_SECONDS:-120} \
