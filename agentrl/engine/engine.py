@@ -38,7 +38,6 @@ many times.
 from __future__ import annotations
 
 import contextlib
-import queue
 import random
 import threading
 import time
@@ -49,6 +48,7 @@ import numpy as np
 import torch
 
 from agentrl.engine.attention import PagedStep, register, stepping
+from agentrl.engine.background import BackgroundMode
 from agentrl.engine.backends import make_backend
 from agentrl.engine.config import EngineConfig, resolve_eos_ids, resolve_max_model_len
 from agentrl.engine.cuda_graphs import DecodeGraphs, ForwardParts, MixedGraphs, graphs_supported
@@ -82,7 +82,7 @@ class _InFlight:
     event: object  # CUDA event recorded after the copy (None off CUDA)
 
 
-class Engine:
+class Engine(BackgroundMode):
     def __init__(self, model, config: EngineConfig | None = None, tokenizer=None):
         self.config = config = config or EngineConfig()
         self.model = model
@@ -145,11 +145,7 @@ class Engine:
         self._recompute_pending = False
         self._in_flight: _InFlight | None = None
         self._released = False
-        self._results: queue.Queue = queue.Queue()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-        self._error: BaseException | None = None
+        self._init_background()
 
     # -- requests -------------------------------------------------------------------------------------
     def submit(self, token_ids, sampling: SamplingParams | None = None, callback=None) -> int:
@@ -389,70 +385,6 @@ class Engine:
             token_ids=seq.tokens[seq.prompt_len:], logprobs=list(seq.logprobs), versions=list(seq.versions),
             finish_reason=seq.finish_reason, cached_tokens=seq.cached_tokens or 0,
         )
-
-    # -- background mode ------------------------------------------------------------------------------
-    @property
-    def running_in_background(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        if self.tp is not None:
-            raise RuntimeError("a tensor-parallel engine is stepped by its owner (`step()`), never beside the "
-                               "training step: NCCL needs every rank's collectives in one host order")
-        if self.running_in_background:
-            return
-        self._stopping = False
-        self._error = None
-        # A daemon thread: a non-daemon one is joined before atexit hooks run, so a script that forgot
-        # stop() would never exit.
-        self._thread = threading.Thread(target=self._loop, name="agentrl-engine", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop the background thread after its current step; unfinished requests stay queued."""
-        self._stopping = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-            self._stream.hand_back()
-
-    def _loop(self) -> None:
-        with self._stream.running():
-            self._run_loop()
-
-    def _run_loop(self) -> None:
-        try:
-            while not self._stopping:
-                if self._released or not self.has_work():
-                    t = time.perf_counter()
-                    self._wake.wait(0.05)
-                    self._wake.clear()
-                    self._stats.idle_seconds += time.perf_counter() - t
-                    continue
-                self._lock.yield_to_outside()
-                for completion, has_callback in self._step():
-                    if not has_callback:
-                        self._results.put(completion)
-        except BaseException as exc:  # surfaced to whoever waits on results
-            self._error = exc
-            self._results.put(exc)
-
-    def check(self) -> None:
-        """Raise if the background thread failed (with its exception as the cause). Whoever waits on requests
-        submitted with a callback must call this now and then: a dead thread calls no callback again."""
-        if self._error is not None:
-            raise RuntimeError("the engine thread failed") from self._error
-
-    def results(self) -> queue.Queue:
-        """Completions of requests submitted without a callback (background mode, or left over by generate)."""
-        return self._results
-
-    def get_completion(self, timeout: float | None = None) -> Completion:
-        item = self._results.get(timeout=timeout)
-        if isinstance(item, BaseException):
-            raise RuntimeError("the engine thread failed") from item
-        return item
 
     def has_work(self) -> bool:
         with self._inbox_lock:
