@@ -153,7 +153,8 @@ class TrainerConfig:
     row_pad_multiple: int = 128  # row width rounded up to this: fewer distinct shapes for compiled attention kernels
     logprob_chunk_size: int = 1024  # rows of the chunked lm_head (its fp32 logits: rows x vocab x 4 bytes)
     # Packed rows per forward/backward; gradients accumulate over the batch. None: as many rows as an estimate of
-    # their activations fits in 16 GiB (agentrl.train.micro_batch): several for small models, one for large ones.
+    # their activations fits in 16 GiB and a quarter of the GPU (agentrl.train.micro_batch): several for small models,
+    # one for large ones.
     rows_per_micro_batch: int | None = None
     # Compute each rollout group's common prefix (the prompt, and any history its members share) once instead of
     # once per member (agentrl.train.prefix_pack); exact, and applied only where the forward supports it (dense

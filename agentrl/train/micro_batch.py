@@ -4,8 +4,9 @@ A small model's training step is bound by the host: each micro-batch launches ev
 (compiled regions whose wrappers cost far more host time than their kernels take on the GPU), so a step of four
 8k-token rows run one at a time takes about twice as long as the same rows run together (BENCHMARKS.md, the
 overlap and vs TRL tables). A large model's step is bound by the GPU, and its activations are what limit a micro-batch.
-So the default takes as many rows as an estimate of their saved activations fits in `ACTIVATION_BUDGET`: three
-8k-token rows of SmolLM2-135M, one of Qwen3-0.6B (whose one-row step peaks at 15.9 GiB).
+So the default takes as many rows as an estimate of their saved activations fits in `ACTIVATION_BUDGET` (and in a
+quarter of the GPU's memory): three 8k-token rows of SmolLM2-135M on an H200, one of Qwen3-0.6B (whose one-row step
+peaks at 15.9 GiB).
 """
 
 from __future__ import annotations
@@ -30,5 +31,14 @@ def activation_bytes_per_token(config, dtype: torch.dtype) -> int:
 
 
 def default_rows_per_micro_batch(model: torch.nn.Module, row_tokens: int) -> int:
-    dtype = next(model.parameters()).dtype
-    return max(1, ACTIVATION_BUDGET // (activation_bytes_per_token(model.config, dtype) * row_tokens))
+    """Rows a micro-batch: within `ACTIVATION_BUDGET`, and on a GPU within a quarter of its memory too (the engine's
+    KV pool, the weights and the optimizer's state share the rest), so a small card keeps one row."""
+    param = next(model.parameters())
+    budget = ACTIVATION_BUDGET
+    if param.device.type == "cuda":
+        budget = min(budget, torch.cuda.get_device_properties(param.device).total_memory // 4)
+    return rows_within(budget, activation_bytes_per_token(model.config, param.dtype), row_tokens)
+
+
+def rows_within(budget: int, bytes_per_token: int, row_tokens: int) -> int:
+    return max(1, budget // (bytes_per_token * row_tokens))
