@@ -173,6 +173,8 @@ class Steps:
     reward: list = field(default_factory=list)
     waited: list = field(default_factory=list)  # agentrl: seconds the step waited for finished rollouts
     trained_s: list = field(default_factory=list)  # agentrl: seconds of the trainer's step (optimizer included)
+    packed_s: list = field(default_factory=list)  # agentrl: seconds of packing the step's batch, before the above
+    rest_s: list = field(default_factory=list)  # agentrl: the step's seconds less its wait, packing and trainer step
     peak_gib: float | None = None
     error: str | None = None
 
@@ -215,6 +217,8 @@ def run_agentrl(cfg: TrainConfig, steps: Steps) -> None:
         steps.reward.append(m["rollout/reward"])
         steps.waited.append(m["wait_seconds"])
         steps.trained_s.append(m["train_seconds"])
+        steps.packed_s.append(m.get("pack_seconds", 0.0))
+        steps.rest_s.append(m["seconds"] - m["wait_seconds"] - m["train_seconds"] - m.get("pack_seconds", 0.0))
 
 
 def plain_model_dir(name: str, tmp: Path) -> Path:
@@ -317,7 +321,9 @@ def render(args, results: list[Steps], rows: list, unmatched: list, header: list
         if s.waited[skip:] and not s.error:
             lines.append(f"{s.name}: a step's median wait for finished rollouts "
                          f"{statistics.median(s.waited[skip:]):.3f} s, median trainer step "
-                         f"{statistics.median(s.trained_s[skip:]):.3f} s.")
+                         f"{statistics.median(s.trained_s[skip:]):.3f} s, median packing "
+                         f"{statistics.median(s.packed_s[skip:]):.3f} s, median rest of the step "
+                         f"{statistics.median(s.rest_s[skip:]):.3f} s.")
     lines += ["", "Reward per step: " + "; ".join(f"{s.name} [{', '.join(f'{v:.2f}' for v in s.reward)}]"
                                                  for s in results if s.reward)]
     trl = [(s.summary(args.warmup_steps)["s/step"], s.name) for s in results

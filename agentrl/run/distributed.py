@@ -149,6 +149,7 @@ def combine_train_metrics(rows: Sequence[dict], pooled_loss: float) -> dict:
             continue
         out[key] = sum(r.get(key, 0) for r in rows)
     out["train_seconds"] = max(r["train_seconds"] for r in rows)
+    out["pack_seconds"] = max(r.get("pack_seconds", 0.0) for r in rows)
     out["trained_tokens_per_s"] = out["trained_tokens"] / max(out["train_seconds"], 1e-9)
     for key in [k for k in out if k.startswith("loss/")]:
         del out[key]
@@ -273,7 +274,7 @@ class ParallelRun:
             with guard():
                 result = stepper.step(torch.zeros(()))
             metrics = {"loss": 0.0, "grad_norm": result.grad_norm, "lr": result.lr, "skipped": result.skipped,
-                       "train_seconds": time.perf_counter() - started, "trained_tokens": 0,
+                       "train_seconds": time.perf_counter() - started, "pack_seconds": 0.0, "trained_tokens": 0,
                        "trained_tokens_per_s": 0.0, "generated_tokens": 0, "rows": 0}
         rows = self._gather(metrics)
         return {**combine_train_metrics(rows, stepper.pooled_loss),

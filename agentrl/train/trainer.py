@@ -73,7 +73,9 @@ class Trainer:
         cfg = self.config
         # Everything a micro-batch needs is built on the host and copied without blocking; the only waits on the
         # device come after the last backward (the loss and the metrics).
+        packing = time.perf_counter()
         batch = self.pack(samples)
+        pack_seconds = time.perf_counter() - packing
         tokens = batch.trainable_tokens()
         denominator = float(loss_denominator(tokens, self.loss_config, policy_version))
         started = time.perf_counter()
@@ -103,7 +105,7 @@ class Trainer:
         seconds = time.perf_counter() - started
         trained = sum(len(s) for s in samples)
         return {"loss": loss_total, "grad_norm": result.grad_norm, "lr": result.lr, "skipped": result.skipped,
-                "train_seconds": seconds, "trained_tokens": trained,
+                "train_seconds": seconds, "pack_seconds": pack_seconds, "trained_tokens": trained,
                 "trained_tokens_per_s": trained / max(seconds, 1e-9),
                 "generated_tokens": int(tokens.target_ids.numel()), "rows": n_rows,
                 **token_counts(samples, batch), **merge_metrics(metrics_rows)}
