@@ -6,7 +6,7 @@ import time
 from agentrl.engine.step_lock import StepLock
 
 
-def steps_missed(lock, entries: int = 30) -> list[int]:
+def steps_missed(lock, entries: int = 20) -> list[int]:
     """A stand-in engine thread takes the lock for one 'step' after another (holding it while it waits, as a step
     waits for its sampled tokens; re-taking it at once). Another thread enters `outside()` `entries` times: for each,
     how many steps began between its request and its entry."""
@@ -17,14 +17,14 @@ def steps_missed(lock, entries: int = 30) -> list[int]:
             lock.yield_to_outside()
             with lock:
                 steps[0] += 1
-                time.sleep(0.002)  # the wait for the step's tokens: the GIL is free, the lock is held
+                time.sleep(0.01)  # the wait for the step's tokens: the GIL is free, the lock is held
 
     thread = threading.Thread(target=engine, daemon=True)
     thread.start()
     missed = []
     try:
         for _ in range(entries):
-            time.sleep(0.003)
+            time.sleep(0.013)
             before = steps[0]
             with lock.outside():
                 missed.append(steps[0] - before)
