@@ -61,8 +61,8 @@ from agentrl.engine.sampler import Sampler
 from agentrl.engine.scheduler import FINISHED, Scheduler, Sequence
 from agentrl.engine.stats import EngineStats
 from agentrl.engine.streams import EngineStream
-from agentrl.engine.step_lock import StepLock
 from agentrl.engine.step_layout import fill_placeholders, layout_step, step_inputs, upload
+from agentrl.engine.step_lock import StepLock
 from agentrl.engine.tensor_parallel import TensorParallel
 from agentrl.engine.types import Completion, SamplingParams
 
