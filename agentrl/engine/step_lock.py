@@ -53,6 +53,7 @@ class StepLock:
     def yield_to_outside(self, timeout: float = 1.0) -> None:
         """The engine thread, between steps: wait until every thread already waiting in `outside()` holds the lock
         (it then waits on the lock itself, as before). `timeout` bounds one wait so a stop request is seen."""
+        if not self._waiting:  # the common case, read without the condition's lock (an int read is atomic)
+            return
         with self._waiters:
-            if self._waiting:
-                self._waiters.wait_for(lambda: not self._waiting, timeout)
+            self._waiters.wait_for(lambda: not self._waiting, timeout)

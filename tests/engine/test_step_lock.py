@@ -6,40 +6,35 @@ import time
 from agentrl.engine.step_lock import StepLock
 
 
-def steps_missed(lock, entries: int = 20) -> list[int]:
-    """A stand-in engine thread takes the lock for one 'step' after another (holding it while it waits, as a step
-    waits for its sampled tokens; re-taking it at once). Another thread enters `outside()` `entries` times: for each,
-    how many steps began between its request and its entry."""
-    steps, stop = [0], threading.Event()
+def first_after_a_step(lock) -> list[str]:
+    """The engine thread holds the lock for a step while another thread waits in `outside()`; the step ends and the
+    engine thread at once goes for its next one, as its loop does. Returns who held the lock first after the step."""
+    order: list[str] = []
 
-    def engine():
-        while not stop.is_set():
-            lock.yield_to_outside()
-            with lock:
-                steps[0] += 1
-                time.sleep(0.01)  # the wait for the step's tokens: the GIL is free, the lock is held
+    def wait_outside():
+        with lock.outside():
+            order.append("outside")
 
-    thread = threading.Thread(target=engine, daemon=True)
-    thread.start()
-    missed = []
-    try:
-        for _ in range(entries):
-            time.sleep(0.013)
-            before = steps[0]
-            with lock.outside():
-                missed.append(steps[0] - before)
-    finally:
-        stop.set()
-        thread.join()
-    return missed
+    lock.__enter__()  # the engine thread's step in progress
+    waiter = threading.Thread(target=wait_outside)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not lock._waiting and waiter.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.001)  # until the waiter has said it waits
+    time.sleep(0.01)  # and is blocked on the lock itself
+    lock.__exit__(None, None, None)  # the step ends
+    lock.yield_to_outside()
+    with lock:  # the next step
+        order.append("engine")
+    waiter.join()
+    return order
 
 
-def test_a_waiting_thread_enters_before_the_engine_threads_next_step_but_one():
+def test_a_waiting_thread_goes_before_the_engine_threads_next_step():
     lock = StepLock()
-    missed = steps_missed(lock)
-    # The step in progress when it asked ends; at most one more begins (the engine had passed its yield already).
-    assert max(missed) <= 1, missed
-    assert lock.wait_seconds > 0
+    for _ in range(20):
+        assert first_after_a_step(lock) == ["outside", "engine"]
+    assert lock._waiting == 0 and lock.wait_seconds > 0.15  # each waited through the 10 ms left of a step
 
 
 def test_nested_and_engine_thread_entries_do_not_deadlock():
