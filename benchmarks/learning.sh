@@ -7,6 +7,9 @@
 # EVAL holds the eval's data and environment flags: the held-out questions (never the training rows) and the same
 # env.args the recipe trains with. Extra arguments go to `agentrl train` (config overrides).
 # SKIP_BEFORE=1 reuses $OUT/before.jsonl (greedy: an earlier run measured exactly the same).
+# TOTAL_SECONDS (optional) bounds the whole script instead: training gets what is left once the after-eval (timed as
+# long as the before-eval, which also converted the model) and 75 s for loading, saving and the report are set aside,
+# so a device call with a hard limit always ends with both evals.
 set -euo pipefail
 : "${CONFIG:?the recipe, e.g. examples/train_hotpotqa_search_qwen05.yaml}" "${EVAL:?the held-out eval flags}"
 OUT=${OUT:-runs/learning}
@@ -19,7 +22,14 @@ mkdir -p "$OUT"
 evaluate() {  # $1 model, $2 name: the per-question JSONL and the summary line
   python3 -m agentrl.cli eval "$ENV_NAME" --model "$1" $EVAL --out "$OUT/$2.jsonl" | tee "$OUT/$2.json"
 }
+started=$(date +%s)
 [ "${SKIP_BEFORE:-0}" = 1 ] || evaluate "$MODEL" before
+if [ -n "${TOTAL_SECONDS:-}" ]; then
+  spent=$(( $(date +%s) - started ))
+  TRAIN_SECONDS=$(( TOTAL_SECONDS - 2 * spent - 75 ))
+  [ "$TRAIN_SECONDS" -ge 30 ] || { echo "TOTAL_SECONDS=$TOTAL_SECONDS leaves no time to train (before-eval: ${spent}s)" >&2; exit 1; }
+  echo "before-eval took ${spent}s: training for ${TRAIN_SECONDS}s" >&2
+fi
 # A run that stops making steps is ended 180 s after its time limit; what it saved is evaluated all the same.
 timeout $(( TRAIN_SECONDS + 180 )) python3 -m agentrl.cli train "$ENV_NAME" --config "$CONFIG" --model "$MODEL" \
   --time_limit_s="$TRAIN_SECONDS" --run-dir "$RUN" --overwrite "$@" 2> "$OUT/train.log" | tail -1 || {
