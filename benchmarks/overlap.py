@@ -143,7 +143,7 @@ def run_loop(model, trainer, separate: bool, args, pause_engine: bool = False, p
             samples = rollouts.take(GROUPS_PER_STEP)
             before = engine.stats
             t1 = time.perf_counter()
-            with engine.pause() if pause_engine else contextlib.nullcontext():
+            with engine.pause() if pause_engine else engine.beside():
                 trainer.step(samples, engine.policy_version, guard=guard)
                 synchronize()
             t2 = time.perf_counter()

@@ -79,14 +79,19 @@ def binding(engine):
     return engine.storage.kv.data_ptr(), tuple(p.data_ptr() for p in engine.view.parameters())
 
 
-def graph_engine(model, log: list | None = None, mixed: bool = False, **overrides) -> Engine:
-    """An engine whose decode steps (and with `mixed`, steps that prefill) replay stand-in graphs."""
+def graph_engine(model, log: list | None = None, mixed: bool = False, on_capture: Callable | None = None,
+                 **overrides) -> Engine:
+    """An engine whose decode steps (and with `mixed`, steps that prefill) replay stand-in graphs, each captured
+    under the engine's exclusion of other threads' GPU work, as `Engine.__init__` wires real ones.
+    `on_capture(engine)` is called inside each capture."""
     engine = Engine(model, EngineConfig(**{**GRAPH_CONFIG, **overrides}))
     log = [] if log is None else log
 
     def capture(fn, pool):
         bound = binding(engine)
         log.append(bound)
+        if on_capture is not None:
+            on_capture(engine)
         fn()  # as cuda_capture's warm-up run: the capture-time buffers must make a valid forward too
 
         def replay():
@@ -96,10 +101,11 @@ def graph_engine(model, log: list | None = None, mixed: bool = False, **override
         return replay
 
     config = engine.config
-    engine.graphs = DecodeGraphs(engine.forward_parts, config.max_num_seqs, capture=capture)
+    exclusive = engine._lock.exclusive
+    engine.graphs = DecodeGraphs(engine.forward_parts, config.max_num_seqs, capture=capture, exclusive=exclusive)
     if mixed:
         engine.mixed_graphs = MixedGraphs(engine.forward_parts, config.max_num_seqs, config.max_tokens_per_step,
-                                          capture=capture)
+                                          capture=capture, exclusive=exclusive)
     return engine
 
 

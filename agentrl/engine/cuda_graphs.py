@@ -52,6 +52,7 @@ on CPU in tests with a stand-in "graph" that simply calls the function again at 
 from __future__ import annotations
 
 import bisect
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,8 +126,11 @@ class _GraphSet:
     """What decode and mixed-step graphs share: the parts they run on, one memory pool, the addresses the graphs
     were captured against, and the capture function."""
 
-    def __init__(self, parts: ForwardParts, capture=None):
+    def __init__(self, parts: ForwardParts, capture=None, exclusive=contextlib.nullcontext):
+        """`capture(fn, pool)` records a graph (`cuda_capture`); `exclusive()` holds off other threads' GPU work
+        around it (`StepLock.exclusive`)."""
         self.view, self.backend, self.storage = parts.view, parts.backend, parts.storage
+        self._exclusive = exclusive
         self.layer_slot, self.geometry = parts.layer_slot, parts.geometry
         self.page_size, self.device, self.max_model_len = parts.page_size, parts.device, parts.max_model_len
         self.linear = parts.linear
@@ -171,7 +175,8 @@ class _GraphSet:
     def _store(self, bucket: int, forward) -> object:
         if self._pool is None and self.device.type == "cuda":
             self._pool = torch.cuda.graph_pool_handle()
-        replay = self._capture_fn(forward, self._pool)
+        with self._exclusive():
+            replay = self._capture_fn(forward, self._pool)
         self._graphs[bucket] = replay
         self.captures += 1
         return replay
@@ -181,8 +186,8 @@ class _GraphSet:
 
 
 class DecodeGraphs(_GraphSet):
-    def __init__(self, parts: ForwardParts, max_num_seqs: int, capture=None):
-        super().__init__(parts, capture)
+    def __init__(self, parts: ForwardParts, max_num_seqs: int, capture=None, exclusive=contextlib.nullcontext):
+        super().__init__(parts, capture, exclusive)
         self.buckets = batch_buckets(max_num_seqs)
         top, width = self.buckets[-1], -(-self.max_model_len // self.page_size)
         device = self.device
@@ -239,9 +244,10 @@ class DecodeGraphs(_GraphSet):
         """Capture every bucket not captured yet, largest first (the smaller graphs then reuse its scratch
         memory in the shared pool)."""
         self._check_binding()
-        for bucket in reversed(self.buckets):
-            if bucket not in self._graphs:
-                self._capture(bucket)
+        with self._exclusive():  # one wait for other threads' work, not one per bucket
+            for bucket in reversed(self.buckets):
+                if bucket not in self._graphs:
+                    self._capture(bucket)
         self._warm = True
 
     # -- capturing -----------------------------------------------------------------------------------
@@ -299,8 +305,9 @@ class MixedGraphs(_GraphSet):
     static index (the step's sampled rows, then row 0 as padding). Graphs are captured on first use of their
     bucket: a run meets only the few sizes its traffic makes."""
 
-    def __init__(self, parts: ForwardParts, max_num_seqs: int, max_tokens_per_step: int, capture=None):
-        super().__init__(parts, capture)
+    def __init__(self, parts: ForwardParts, max_num_seqs: int, max_tokens_per_step: int, capture=None,
+                 exclusive=contextlib.nullcontext):
+        super().__init__(parts, capture, exclusive)
         geo = self.geometry
         self.buckets = token_buckets(max_tokens_per_step)
         self.max_num_seqs = max_num_seqs

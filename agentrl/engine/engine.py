@@ -127,15 +127,17 @@ class Engine(BackgroundMode):
         graphs = graphs and self.tp is None  # a tp graph would capture NCCL all-reduces: not verified safe, so eager
         self.forward_parts = ForwardParts(self.view, self.backend, self.storage, self._layer_slot, geo,
                                           config.page_size, self.device, self.max_model_len, self.linear)
-        self.graphs = DecodeGraphs(self.forward_parts, config.max_num_seqs) if graphs else None
+        self._lock = StepLock()  # held for a whole step; others are let in between steps (step_lock.py)
+        exclusive = self._lock.exclusive  # a capture waits for other threads' GPU work beside the engine
+        self.graphs = DecodeGraphs(self.forward_parts, config.max_num_seqs, exclusive=exclusive) if graphs else None
         # Hybrid models prefill eagerly: a chunk's delta rule runs per sequence, planned on the host.
-        self.mixed_graphs = (MixedGraphs(self.forward_parts, config.max_num_seqs, config.max_tokens_per_step)
+        self.mixed_graphs = (MixedGraphs(self.forward_parts, config.max_num_seqs, config.max_tokens_per_step,
+                                         exclusive=exclusive)
                              if graphs and config.mixed_step_graphs and self.linear is None else None)
         self.sampler = Sampler(self.device)
         self._stream = EngineStream(self.device, config.separate_stream)  # the background thread's (streams.py)
         self.policy_version = 0
         self._stats = EngineStats(total_pages=num_pages)
-        self._lock = StepLock()  # held for a whole step; others are let in between steps (step_lock.py)
         self._inbox_lock = threading.Lock()
         self._inbox: deque[Sequence] = deque()
         self._cancels: deque[int] = deque()
@@ -403,6 +405,12 @@ class Engine(BackgroundMode):
                 yield self
             finally:
                 self._stats.paused_seconds += time.perf_counter() - t
+
+    def beside(self):
+        """Wrap GPU work that another thread runs while the engine keeps stepping (the trainer's forward and
+        backward). The engine captures no CUDA graph meanwhile: another thread's kernels, allocations or
+        synchronisations during a capture invalidate it and fail themselves. `pause()` inside is fine."""
+        return self._lock.beside()
 
     def bump_version(self, version: int | None = None) -> int:
         with self._lock.outside():

@@ -309,7 +309,9 @@ def step(run: Run) -> dict:
 
     if run.cfg.release_kv_during_step:
         engine.release_kv()
-    with contextlib.nullcontext() if run.cfg.generate_during_step else engine.pause():
+    # Beside the engine's steps, the trainer's GPU work holds off the engine's graph captures, which it would
+    # invalidate (engine/step_lock.py); paused, the engine takes no step at all.
+    with engine.beside() if run.cfg.generate_during_step else engine.pause():
         if run.parallel is not None:
             trained = run.parallel.train(run.trainer, samples, engine.policy_version, update_guard)
         else:

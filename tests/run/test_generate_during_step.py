@@ -33,3 +33,23 @@ def test_the_engine_waits_through_the_whole_trainer_step(tmp_path, monkeypatch):
                  "--run-dir", str(tmp_path / "run")]) == 0
     assert len(engine_steps_while_training) > 10  # generation ran (between the steps)
     assert not any(engine_steps_while_training)
+
+
+def test_by_default_the_trainer_step_runs_beside_the_engine(tmp_path, monkeypatch):
+    """With generation during the step (the default), the trainer's step is work beside the engine, so the engine
+    captures no CUDA graph inside it (tests/engine/test_capture_exclusion.py)."""
+    engines, beside = [], []
+    init, trainer_step = Engine.__init__, Trainer.step
+
+    def tracked(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        engines.append(self)
+
+    def step(self, *args, **kwargs):
+        beside.append(engines[0]._lock._beside)
+        return trainer_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "__init__", tracked)
+    monkeypatch.setattr(Trainer, "step", step)
+    assert main(["train", "gsm8k_math", *SMALL, "--max-steps", "2", "--run-dir", str(tmp_path / "run")]) == 0
+    assert len(engines) == 1 and beside == [1, 1]
