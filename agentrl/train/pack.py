@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from agentrl.sample import TrainingSample
@@ -173,15 +174,17 @@ def pack_samples(samples: Sequence[TrainingSample], row_tokens: int, *, pad_toke
     fill = [sum(len(samples[i]) for i in row) for row in rows]
     width = -(-max(fill) // pad_to_multiple) * pad_to_multiple
 
+    # Laid out in numpy and turned into tensors once: a torch call on a small slice lets go of the GIL and must win
+    # it back, which beside the engine's thread (a training run) costs far more than the copy.
     n_rows = len(rows)
-    input_ids = torch.full((n_rows, width), pad_token_id, dtype=torch.long)
-    position_ids = torch.zeros((n_rows, width), dtype=torch.long)
-    target_ids = torch.zeros((n_rows, width), dtype=torch.long)
-    loss_mask = torch.zeros((n_rows, width), dtype=torch.bool)
-    behaviour = torch.zeros((n_rows, width), dtype=torch.float32)
-    advantages = torch.zeros((n_rows, width), dtype=torch.float32)
-    versions = torch.full((n_rows, width), -1, dtype=torch.long)
-    sample_index = torch.full((n_rows, width), -1, dtype=torch.long)
+    input_ids = np.full((n_rows, width), pad_token_id, dtype=np.int64)
+    position_ids = np.zeros((n_rows, width), dtype=np.int64)
+    target_ids = np.zeros((n_rows, width), dtype=np.int64)
+    loss_mask = np.zeros((n_rows, width), dtype=bool)
+    behaviour = np.zeros((n_rows, width), dtype=np.float32)
+    advantages = np.zeros((n_rows, width), dtype=np.float32)
+    versions = np.full((n_rows, width), -1, dtype=np.int64)
+    sample_index = np.full((n_rows, width), -1, dtype=np.int64)
     cu_seqlens, segments = [], []
 
     for r, row in enumerate(rows):
@@ -190,30 +193,31 @@ def pack_samples(samples: Sequence[TrainingSample], row_tokens: int, *, pad_toke
             s = samples[i]
             n = len(s)
             end = start + n
-            input_ids[r, start:end] = torch.tensor(s.input_ids, dtype=torch.long)
-            position_ids[r, start:end] = torch.arange(n)
+            input_ids[r, start:end] = s.input_ids
+            position_ids[r, start:end] = np.arange(n)
             # Target side: position t predicts token t + 1 of the same sample; the sample's last position is
             # left at mask 0 so nothing is predicted across the seam into the next sample.
             if n > 1:
                 t0, t1 = start, end - 1
-                target_ids[r, t0:t1] = torch.tensor(s.input_ids[1:], dtype=torch.long)
-                mask = torch.tensor(s.trainable[1:], dtype=torch.bool)
+                target_ids[r, t0:t1] = s.input_ids[1:]
+                mask = np.asarray(s.trainable[1:], dtype=bool)
                 loss_mask[r, t0:t1] = mask
-                behaviour[r, t0:t1] = torch.tensor(s.behaviour_logprobs[1:], dtype=torch.float32) * mask
-                advantages[r, t0:t1] = float(s.advantage) * mask
-                versions[r, t0:t1] = torch.where(mask, torch.tensor(s.versions[1:], dtype=torch.long), -1)
-                sample_index[r, t0:t1] = torch.where(mask, i, -1)
+                behaviour[r, t0:t1] = np.asarray(s.behaviour_logprobs[1:], dtype=np.float32) * mask
+                advantages[r, t0:t1] = np.float32(s.advantage) * mask
+                versions[r, t0:t1] = np.where(mask, np.asarray(s.versions[1:], dtype=np.int64), -1)
+                sample_index[r, t0:t1] = np.where(mask, i, -1)
             segs.append((i, start, n))
             bounds.append(end)
             start = end
         if start < width:
-            position_ids[r, start:] = torch.arange(width - start)
+            position_ids[r, start:] = np.arange(width - start)
             bounds.append(width)
         cu_seqlens.append(torch.tensor(bounds, dtype=torch.int32))
         segments.append(segs)
 
+    t = torch.from_numpy
     return PackedBatch(
-        input_ids=input_ids, position_ids=position_ids, target_ids=target_ids, loss_mask=loss_mask,
-        behaviour_logprobs=behaviour, advantages=advantages, versions=versions, sample_index=sample_index,
-        cu_seqlens=cu_seqlens, rows=rows, segments=segments, num_samples=len(samples), num_tokens=sum(fill),
+        input_ids=t(input_ids), position_ids=t(position_ids), target_ids=t(target_ids), loss_mask=t(loss_mask),
+        behaviour_logprobs=t(behaviour), advantages=t(advantages), versions=t(versions),
+        sample_index=t(sample_index), cu_seqlens=cu_seqlens, rows=rows, segments=segments, num_samples=len(samples), num_tokens=sum(fill),
     )

@@ -35,6 +35,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from agentrl.sample import TrainingSample
@@ -246,10 +247,11 @@ def pack_shared(samples: Sequence[TrainingSample], row_tokens: int, *, pad_token
     width = -(-max(fill) // pad_to_multiple) * pad_to_multiple
     n_rows = len(placement)
 
-    input_ids = torch.full((n_rows, width), pad_token_id, dtype=torch.long)
-    position_ids = torch.zeros((n_rows, width), dtype=torch.long)
-    segment_ids = torch.zeros((n_rows, width), dtype=torch.long)
-    branch_ids = torch.zeros((n_rows, width), dtype=torch.long)
+    # Laid out in numpy and turned into tensors once, as in `pack.pack_samples` (why: there).
+    input_ids = np.full((n_rows, width), pad_token_id, dtype=np.int64)
+    position_ids = np.zeros((n_rows, width), dtype=np.int64)
+    segment_ids = np.zeros((n_rows, width), dtype=np.int64)
+    branch_ids = np.zeros((n_rows, width), dtype=np.int64)
     heads = _Collector()
     head_offsets, entry_offsets, rows, row_units, unshared = [0], [0], [], [], []
 
@@ -262,7 +264,7 @@ def pack_shared(samples: Sequence[TrainingSample], row_tokens: int, *, pad_token
             placed.append(unit)
             start = end
         if start < width:  # the padding tail: a segment of its own, positions 0, 1, ...
-            position_ids[r, start:] = torch.arange(width - start)
+            position_ids[r, start:] = np.arange(width - start)
             segment_ids[r, start:] = len(row)
         head_offsets.append(heads.num_heads)
         entry_offsets.append(heads.num_entries)
@@ -271,8 +273,9 @@ def pack_shared(samples: Sequence[TrainingSample], row_tokens: int, *, pad_token
         unshared.append(sum(len(samples[i]) for i in rows[-1]))
 
     head_index, head_targets, tokens, entry_head, entry_token = heads.tensors(len(samples))
+    t = torch.from_numpy
     return SharedBatch(
-        input_ids=input_ids, position_ids=position_ids, segment_ids=segment_ids, branch_ids=branch_ids,
+        input_ids=t(input_ids), position_ids=t(position_ids), segment_ids=t(segment_ids), branch_ids=t(branch_ids),
         head_index=head_index, head_targets=head_targets, tokens=tokens, entry_head=entry_head,
         entry_token=entry_token, head_offsets=head_offsets, entry_offsets=entry_offsets, rows=rows,
         units=row_units, row_tokens=fill, row_unshared_tokens=unshared, num_samples=len(samples),
@@ -287,42 +290,42 @@ def _lay_out(samples, unit: Unit, r: int, seg: int, input_ids, position_ids, seg
     end = s + unit.length
     segment_ids[r, s:end] = seg
     if n_prefix:
-        input_ids[r, s:s + n_prefix] = torch.tensor(members[0].input_ids[:n_prefix], dtype=torch.long)
-        position_ids[r, s:s + n_prefix] = torch.arange(n_prefix)
+        input_ids[r, s:s + n_prefix] = members[0].input_ids[:n_prefix]
+        position_ids[r, s:s + n_prefix] = np.arange(n_prefix)
         # Prefix positions 0..L-2 predict prefix tokens 1..L-1: the same target for every member, trained for
         # those whose loss mask says so; one head row per position any member trains on, one entry per member.
-        trained = torch.tensor([m.trainable[1:n_prefix] for m in members], dtype=torch.bool).reshape(
+        trained = np.array([m.trainable[1:n_prefix] for m in members], dtype=bool).reshape(
             len(members), n_prefix - 1)
-        positions = trained.any(0).nonzero().squeeze(1)
-        entries = trained.t().nonzero()  # (position, member), position-major as the head rows come
-        targets = torch.tensor(members[0].input_ids[1:n_prefix], dtype=torch.long)
-        heads.add(flat_start + positions, targets[positions], positions.numel())
+        positions = np.flatnonzero(trained.any(0))
+        entries = np.argwhere(trained.T)  # (position, member), position-major as the head rows come
+        targets = np.asarray(members[0].input_ids[1:n_prefix], dtype=np.int64)
+        heads.add(flat_start + positions, targets[positions])
         heads.add_entries(samples, unit.members, entries[:, 1], entries[:, 0] + 1,
-                          torch.searchsorted(positions, entries[:, 0]))
+                          np.searchsorted(positions, entries[:, 0]))
         # The seam: the last prefix position predicts each member's first suffix token; one head row per
         # distinct token, in the order members first need it.
         seam = [(j, m.input_ids[n_prefix]) for j, m in enumerate(members)
                 if len(m) > n_prefix and m.trainable[n_prefix]]
         distinct = list(dict.fromkeys(t for _, t in seam))
-        heads.add(torch.full((len(distinct),), flat_start + n_prefix - 1, dtype=torch.long),
-                  torch.tensor(distinct, dtype=torch.long), len(distinct))
-        heads.add_entries(samples, unit.members, torch.tensor([j for j, _ in seam], dtype=torch.long),
-                          torch.full((len(seam),), n_prefix, dtype=torch.long),
-                          torch.tensor([distinct.index(t) for _, t in seam], dtype=torch.long))
+        heads.add(np.full(len(distinct), flat_start + n_prefix - 1, dtype=np.int64),
+                  np.array(distinct, dtype=np.int64))
+        heads.add_entries(samples, unit.members, np.array([j for j, _ in seam], dtype=np.int64),
+                          np.full(len(seam), n_prefix, dtype=np.int64),
+                          np.array([distinct.index(t) for _, t in seam], dtype=np.int64))
     offset = s + n_prefix
     for j, m in enumerate(members):
         n = len(m) - n_prefix
         if n == 0:
             continue
-        input_ids[r, offset:offset + n] = torch.tensor(m.input_ids[n_prefix:], dtype=torch.long)
-        position_ids[r, offset:offset + n] = torch.arange(n_prefix, len(m))
+        input_ids[r, offset:offset + n] = m.input_ids[n_prefix:]
+        position_ids[r, offset:offset + n] = np.arange(n_prefix, len(m))
         branch_ids[r, offset:offset + n] = j + 1
         # Suffix position q predicts the member's token n_prefix + q + 1; its last position predicts nothing.
-        positions = torch.tensor(m.trainable[n_prefix + 1:], dtype=torch.bool).nonzero().squeeze(1)
-        targets = torch.tensor(m.input_ids[n_prefix + 1:], dtype=torch.long)
-        heads.add(flat_start + (offset - s) + positions, targets[positions], positions.numel())
-        heads.add_entries(samples, unit.members, torch.full_like(positions, j), positions + n_prefix + 1,
-                          torch.arange(positions.numel()))
+        positions = np.flatnonzero(np.asarray(m.trainable[n_prefix + 1:], dtype=bool))
+        targets = np.asarray(m.input_ids[n_prefix + 1:], dtype=np.int64)
+        heads.add(flat_start + (offset - s) + positions, targets[positions])
+        heads.add_entries(samples, unit.members, np.full(positions.size, j, dtype=np.int64),
+                          positions + n_prefix + 1, np.arange(positions.size))
         offset += n
     return end
 
@@ -336,15 +339,15 @@ class _Collector:
         self.entry_head, self.num_entries = [], 0
         self._last = 0
 
-    def add(self, flat_positions: torch.Tensor, targets: torch.Tensor, n: int) -> None:
+    def add(self, flat_positions: np.ndarray, targets: np.ndarray) -> None:
         self._last = self.num_heads
-        self.head_index.append(flat_positions.long())
-        self.head_targets.append(targets.long())
-        self.num_heads += n
+        self.head_index.append(flat_positions.astype(np.int64))
+        self.head_targets.append(targets.astype(np.int64))
+        self.num_heads += targets.size
 
-    def add_entries(self, samples, members, member: torch.Tensor, token: torch.Tensor, head: torch.Tensor):
+    def add_entries(self, samples, members, member: np.ndarray, token: np.ndarray, head: np.ndarray):
         """Entries for `members[member[e]]`'s token `token[e]`, predicted by head row `head[e]` of the last add."""
-        if member.numel() == 0:
+        if member.size == 0:
             return
         owners = [members[j] for j in member.tolist()]
         tokens = token.tolist()
@@ -353,21 +356,21 @@ class _Collector:
         self.behaviour.extend(samples[i].behaviour_logprobs[t] for i, t in zip(owners, tokens))
         self.versions.extend(samples[i].versions[t] for i, t in zip(owners, tokens))
         self.advantages.extend(float(samples[i].advantage) for i in owners)
-        self.entry_head.append(head.long() + self._last)
-        self.num_entries += member.numel()
+        self.entry_head.append(head.astype(np.int64) + self._last)
+        self.num_entries += member.size
 
     def tensors(self, num_samples: int):
         """(head_index, head_targets, TrainableTokens, entry_head, entry_token)."""
         def cat(parts):
-            return torch.cat(parts).long() if parts else torch.zeros(0, dtype=torch.long)
+            return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
-        tokens = TrainableTokens(
-            target_ids=torch.zeros(0, dtype=torch.long),  # filled below from the head rows
-            behaviour_logprobs=torch.tensor(self.behaviour, dtype=torch.float32),
-            advantages=torch.tensor(self.advantages, dtype=torch.float32),
-            versions=torch.tensor(self.versions, dtype=torch.long),
-            sample_index=torch.tensor(self.sample_index, dtype=torch.long), num_samples=num_samples)
         head_targets, entry_head = cat(self.head_targets), cat(self.entry_head)
-        tokens.target_ids = head_targets[entry_head]
-        return cat(self.head_index), head_targets, tokens, entry_head, torch.tensor(self.token_index,
-                                                                                   dtype=torch.long)
+        t = torch.from_numpy
+        tokens = TrainableTokens(
+            target_ids=t(head_targets[entry_head]),
+            behaviour_logprobs=t(np.array(self.behaviour, dtype=np.float32)),
+            advantages=t(np.array(self.advantages, dtype=np.float32)),
+            versions=t(np.array(self.versions, dtype=np.int64)),
+            sample_index=t(np.array(self.sample_index, dtype=np.int64)), num_samples=num_samples)
+        return t(cat(self.head_index)), t(head_targets), tokens, t(entry_head), t(np.array(self.token_index,
+                                                                                           dtype=np.int64))
