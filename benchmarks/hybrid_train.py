@@ -259,7 +259,8 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool)
     # Compiled layers where `agentrl train` would compile them (its default leaves hybrid models eager).
     compiled = bool(getattr(build, "compile_layers", None) and build.compile_layers(model_cfg, model, device.type))
     if compiled:
-        compile_decoder_layers(model, activation_memory_budget=model_cfg.activation_memory_budget)
+        compile_decoder_layers(model, activation_memory_budget=model_cfg.activation_memory_budget,
+                               **getattr(build, "TRAINER_COMPILE", {}))
     trainer = Trainer(model, TrainerConfig(row_tokens=ROW_TOKENS), LossConfig(), OptimConfig(),
                       total_steps=steps + 2, hybrid_varlen=varlen)
     rows = len(trainer.pack(samples).rows)

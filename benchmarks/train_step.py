@@ -304,6 +304,7 @@ def set_variant(model, variant: str):
     flex_attention (sdpa on CPU, where flex has no backward) for flash varlen attention over the flat layout;
     `+share` is a packing choice (see main)."""
     from agentrl.engine.model_view import compile_decoder_layers
+    from agentrl.run.build import TRAINER_COMPILE
     from agentrl.train.varlen_attention import register
 
     parts = variant.split("+")
@@ -313,7 +314,7 @@ def set_variant(model, variant: str):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if "compile" in parts:
         budget = next((float(p[3:]) for p in parts if p.startswith("mem")), 1.0)
-        compile_decoder_layers(model, activation_memory_budget=budget)
+        compile_decoder_layers(model, activation_memory_budget=budget, **TRAINER_COMPILE)  # as `agentrl train`
 
 
 def rows_attention() -> str:

@@ -158,12 +158,22 @@ def compile_layers(cfg: ModelConfig, model, device: str, *, tp_size: int = 1, de
     return device == "cuda" and not is_hybrid(model) and tp_size == 1 and not deterministic
 
 
-def compile_trainer_layers(cfg: TrainConfig, model, device: str) -> bool:
+# The trainer's layers see a new packed length at almost every micro-batch. Compiled for dynamic lengths from the
+# first one, they compile in the first step only; left to dynamo's default they compile static first and again,
+# dynamic, at the second length seen. With all of a step's rows in one forward/backward (the micro-batch default
+# for small models) and no prefix-sharing check in the first step, that is the second step, which a compile makes
+# many times slower than the rest (tests/train/test_compile_default.py).
+TRAINER_COMPILE = {"dynamic": True}
+
+
+def compile_trainer_layers(cfg: TrainConfig, model, device: str, **options) -> bool:
     """Compile the trainer's decoder layers where `compile_layers` resolves to true; returns whether it did. Call it
-    after the engine's view is made: the view's copies must not carry the trainer's compiled calls."""
+    after the engine's view is made: the view's copies must not carry the trainer's compiled calls. `options` go to
+    `Module.compile` over `TRAINER_COMPILE` (a test's cheap backend)."""
     if not compile_layers(cfg.model, model, device, tp_size=cfg.parallel.tp_size, deterministic=cfg.deterministic):
         return False
-    compile_decoder_layers(model, activation_memory_budget=cfg.model.activation_memory_budget)
+    compile_decoder_layers(model, activation_memory_budget=cfg.model.activation_memory_budget,
+                           **{**TRAINER_COMPILE, **options})
     return True
 
 
