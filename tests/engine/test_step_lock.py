@@ -47,6 +47,15 @@ def test_nested_and_engine_thread_entries_do_not_deadlock():
     assert lock._waiting == 0
 
 
+def run_together(*targets) -> None:
+    threads = [threading.Thread(target=t, daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+
+
 def test_a_capture_waits_for_work_beside_and_keeps_new_work_out():
     """The trainer's forward and backward (beside) and a graph capture (exclusive) never overlap: a capture waits
     for the work under way, and work that starts during a capture waits for it to end."""
@@ -72,11 +81,7 @@ def test_a_capture_waits_for_work_beside_and_keeps_new_work_out():
             time.sleep(0.05)  # the trainer's second piece of work is asked for now and must wait
             events.append("capture ends")
 
-    threads = [threading.Thread(target=trainer), threading.Thread(target=engine)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    run_together(trainer, engine)
     assert events == ["work 1 starts", "work 1 ends", "capture starts", "capture ends", "work 2"]
     assert lock.capture_wait_seconds >= 0.04
 
@@ -102,11 +107,6 @@ def test_work_beside_leaves_that_state_while_it_waits_for_the_lock():
                 events.append("update")
             events.append("beside again")
 
-    threads = [threading.Thread(target=engine), threading.Thread(target=trainer)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert not any(t.is_alive() for t in threads), "deadlock"
+    run_together(engine, trainer)
     assert events == ["capture", "update", "beside again"]
     assert lock._beside == 0 and lock._capturing == 0
