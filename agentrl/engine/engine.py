@@ -460,6 +460,7 @@ class Engine(BackgroundMode):
         with self._lock.outside():
             st = replace(self._stats)
             st.pause_wait_seconds = self._lock.wait_seconds
+            st.capture_wait_seconds = self._lock.capture_wait_seconds
             st.running, st.waiting = len(self.scheduler.running), len(self.scheduler.waiting)
             with self._inbox_lock:
                 st.waiting += len(self._inbox)

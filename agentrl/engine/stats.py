@@ -32,6 +32,7 @@ class EngineStats:
     idle_seconds: float = 0.0  # the engine thread had nothing to run (no requests, or the KV pool released)
     paused_seconds: float = 0.0  # held off by pause(): optimizer steps and checkpoints
     pause_wait_seconds: float = 0.0  # other threads waited for a step to end (pause, release, stats)
+    capture_wait_seconds: float = 0.0  # graph captures waited for another thread's GPU work beside (beside())
 
     @property
     def batch_occupancy(self) -> float:

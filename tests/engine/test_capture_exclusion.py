@@ -44,4 +44,4 @@ def test_no_capture_while_a_thread_works_beside(model):
     assert len(done) == 12 and all(len(c.token_ids) == 12 for c in done.values())
     assert len(beside_at_capture) >= 3  # decode buckets and the prefill steps' token buckets
     assert beside_at_capture == [0] * len(beside_at_capture)
-    assert engine._lock.capture_wait_seconds > 0  # the captures did wait for the trainer's work
+    assert engine.stats.capture_wait_seconds > 0  # the captures did wait for the trainer's work
