@@ -383,9 +383,12 @@ def take_groups(driver: RolloutDriver, n: int):
 
 
 def _generation_metrics(before, after, seconds: float) -> dict:
-    """What generation did during one trainer step: tokens/s, and the share of the step it sat idle (nothing to
-    run) or paused (held off by the optimizer step or a checkpoint)."""
+    """What generation did during one trainer step: tokens/s, the share of the step it sat idle (nothing to
+    run) or paused (held off by the optimizer step or a checkpoint), and the seconds others waited on it: the
+    trainer for a step to end (its pause, the stats it reads), a graph capture for the trainer's work to end."""
     seconds = max(seconds, 1e-9)
     return {"generated_tokens_per_s": (after.generated_tokens - before.generated_tokens) / seconds,
             "engine_idle_share": (after.idle_seconds - before.idle_seconds) / seconds,
-            "engine_paused_share": (after.paused_seconds - before.paused_seconds) / seconds}
+            "engine_paused_share": (after.paused_seconds - before.paused_seconds) / seconds,
+            "engine_lock_wait_seconds": after.pause_wait_seconds - before.pause_wait_seconds,
+            "graph_capture_wait_seconds": after.capture_wait_seconds - before.capture_wait_seconds}
