@@ -21,7 +21,6 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.engine.attention import current_step
-from agentrl.engine.cuda_graphs import DecodeGraphs, MixedGraphs
 from agentrl.sample import TrainingSample
 
 # ---------------------------------------------------------------------------------------------- shared data
@@ -81,8 +80,8 @@ def binding(engine):
 
 def graph_engine(model, log: list | None = None, mixed: bool = False, on_capture: Callable | None = None,
                  **overrides) -> Engine:
-    """An engine whose decode steps (and with `mixed`, steps that prefill) replay stand-in graphs, each captured
-    under the engine's exclusion of other threads' GPU work, as `Engine.__init__` wires real ones.
+    """An engine whose decode steps (and with `mixed`, steps that prefill) replay stand-in graphs, made by the
+    engine's own `graph_sets` as on CUDA.
     `on_capture(engine)` is called inside each capture."""
     engine = Engine(model, EngineConfig(**{**GRAPH_CONFIG, **overrides}))
     log = [] if log is None else log
@@ -100,12 +99,10 @@ def graph_engine(model, log: list | None = None, mixed: bool = False, on_capture
 
         return replay
 
-    config = engine.config
-    exclusive = engine._lock.exclusive
-    engine.graphs = DecodeGraphs(engine.forward_parts, config.max_num_seqs, capture=capture, exclusive=exclusive)
+    decode, mixed_graphs = engine.graph_sets(capture, mixed)
+    engine.graphs = decode
     if mixed:
-        engine.mixed_graphs = MixedGraphs(engine.forward_parts, config.max_num_seqs, config.max_tokens_per_step,
-                                          capture=capture, exclusive=exclusive)
+        engine.mixed_graphs = mixed_graphs
     return engine
 
 

@@ -128,12 +128,9 @@ class Engine(BackgroundMode):
         self.forward_parts = ForwardParts(self.view, self.backend, self.storage, self._layer_slot, geo,
                                           config.page_size, self.device, self.max_model_len, self.linear)
         self._lock = StepLock()  # held for a whole step; others are let in between steps (step_lock.py)
-        exclusive = self._lock.exclusive  # a capture waits for other threads' GPU work beside the engine
-        self.graphs = DecodeGraphs(self.forward_parts, config.max_num_seqs, exclusive=exclusive) if graphs else None
         # Hybrid models prefill eagerly: a chunk's delta rule runs per sequence, planned on the host.
-        self.mixed_graphs = (MixedGraphs(self.forward_parts, config.max_num_seqs, config.max_tokens_per_step,
-                                         exclusive=exclusive)
-                             if graphs and config.mixed_step_graphs and self.linear is None else None)
+        self.graphs, self.mixed_graphs = (self.graph_sets(mixed=config.mixed_step_graphs and self.linear is None)
+                                          if graphs else (None, None))
         self.sampler = Sampler(self.device)
         self._stream = EngineStream(self.device, config.separate_stream)  # the background thread's (streams.py)
         self.policy_version = 0
@@ -148,6 +145,15 @@ class Engine(BackgroundMode):
         self._in_flight: _InFlight | None = None
         self._released = False
         self._init_background()
+
+    def graph_sets(self, capture=None, mixed: bool = True) -> tuple[DecodeGraphs, MixedGraphs | None]:
+        """The decode graphs and (with `mixed`) the mixed-step graphs over this engine's parts, each captured by
+        `capture` (None: `cuda_capture`; tests pass a stand-in) while other threads' GPU work beside the engine
+        is held off (`StepLock.exclusive`)."""
+        cfg, exclusive = self.config, self._lock.exclusive
+        decode = DecodeGraphs(self.forward_parts, cfg.max_num_seqs, capture=capture, exclusive=exclusive)
+        return decode, (MixedGraphs(self.forward_parts, cfg.max_num_seqs, cfg.max_tokens_per_step, capture=capture,
+                                    exclusive=exclusive) if mixed else None)
 
     # -- requests -------------------------------------------------------------------------------------
     def submit(self, token_ids, sampling: SamplingParams | None = None, callback=None) -> int:

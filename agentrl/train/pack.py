@@ -219,5 +219,6 @@ def pack_samples(samples: Sequence[TrainingSample], row_tokens: int, *, pad_toke
     return PackedBatch(
         input_ids=t(input_ids), position_ids=t(position_ids), target_ids=t(target_ids), loss_mask=t(loss_mask),
         behaviour_logprobs=t(behaviour), advantages=t(advantages), versions=t(versions),
-        sample_index=t(sample_index), cu_seqlens=cu_seqlens, rows=rows, segments=segments, num_samples=len(samples), num_tokens=sum(fill),
+        sample_index=t(sample_index), cu_seqlens=cu_seqlens, rows=rows, segments=segments,
+        num_samples=len(samples), num_tokens=sum(fill),
     )

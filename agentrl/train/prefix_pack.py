@@ -341,8 +341,8 @@ class _Collector:
 
     def add(self, flat_positions: np.ndarray, targets: np.ndarray) -> None:
         self._last = self.num_heads
-        self.head_index.append(flat_positions.astype(np.int64))
-        self.head_targets.append(targets.astype(np.int64))
+        self.head_index.append(flat_positions.astype(np.int64, copy=False))
+        self.head_targets.append(targets.astype(np.int64, copy=False))
         self.num_heads += targets.size
 
     def add_entries(self, samples, members, member: np.ndarray, token: np.ndarray, head: np.ndarray):
@@ -356,13 +356,13 @@ class _Collector:
         self.behaviour.extend(samples[i].behaviour_logprobs[t] for i, t in zip(owners, tokens))
         self.versions.extend(samples[i].versions[t] for i, t in zip(owners, tokens))
         self.advantages.extend(float(samples[i].advantage) for i in owners)
-        self.entry_head.append(head.astype(np.int64) + self._last)
+        self.entry_head.append(head.astype(np.int64, copy=False) + self._last)
         self.num_entries += member.size
 
     def tensors(self, num_samples: int):
         """(head_index, head_targets, TrainableTokens, entry_head, entry_token)."""
         def cat(parts):
-            return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
         head_targets, entry_head = cat(self.head_targets), cat(self.entry_head)
         t = torch.from_numpy
