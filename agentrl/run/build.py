@@ -36,7 +36,7 @@ from agentrl.train.linear_conv import use_reference_delta_rule
 from agentrl.train.logprobs import is_hybrid, packed_backward_failure, packing_error, varlen_kernels_installed
 from agentrl.train.optim import retarget_schedule
 from agentrl.train.trainer import Trainer
-from agentrl.train.varlen_attention import ATTN_IMPLEMENTATION, register, varlen_attention_available
+from agentrl.train.varlen_attention import ATTN_IMPLEMENTATION, register, takes_flat_layout, varlen_attention_available
 
 
 @dataclass
@@ -177,6 +177,15 @@ def compile_trainer_layers(cfg: TrainConfig, model, device: str, **options) -> b
     return True
 
 
+def trainer_graphs(cfg: TrainConfig, model, device: str) -> bool:
+    """Whether the trainer replays its flat forward and backward from CUDA graphs (`trainer.cuda_graphs`; None: on
+    for CUDA runs of dense models under the varlen attention, save the exceptions TrainerConfig gives reasons for)."""
+    if cfg.trainer.cuda_graphs is not None:
+        return cfg.trainer.cuda_graphs
+    return (device == "cuda" and takes_flat_layout(model) and not is_hybrid(model) and cfg.parallel.tp_size == 1
+            and not cfg.deterministic and not cfg.release_kv_during_step)
+
+
 def check_hybrid_kernels(cfg: ModelConfig, model, device: str) -> None:
     """A hybrid model trained through varlen kernels needs flash-linear-attention: say which extra installs it.
     (transformers' torch fallback of those layers ignores sample boundaries: never run packed rows through it.)"""
@@ -253,7 +262,8 @@ def build_run(cfg: TrainConfig, checkpoint: Path | None | str = "latest", parall
         prompts = PromptIterator(dataset, seed=cfg.seed)
     trainer = Trainer(model, cfg.trainer, cfg.loss, cfg.optim, total_steps=cfg.steps,
                       temperature=cfg.rollout.temperature, hybrid_varlen=varlen,
-                      pad_token_id=tokenizer.pad_token_id or 0)
+                      pad_token_id=tokenizer.pad_token_id or 0, cuda_graphs=trainer_graphs(cfg, model, device),
+                      capture_guard=engine.pause)
     # Several processes alternate generation and training, the engine taking requests in a fixed order: what tp
     # ranks need to step their engines alike.
     driver = RolloutDriver(env, engine, fmt, prompts, cfg.rollout, seed=cfg.seed, bounded=True,

@@ -108,6 +108,11 @@ class TrainConfig(_Loadable):
                 "has nothing to release in deterministic mode (no rollout is live during a step)")
         require(not (self.parallel.tp_size > 1 and self.model.compile_layers), "model.compile_layers",
                 "is not supported with parallel.tp_size > 1 (the split layers run hooks around each module)")
+        require(not (self.parallel.tp_size > 1 and self.trainer.cuda_graphs), "trainer.cuda_graphs",
+                "is not supported with parallel.tp_size > 1 (the split layers run collectives)")
+        require(not (self.deterministic and self.trainer.cuda_graphs), "trainer.cuda_graphs",
+                "is not supported in deterministic mode (a bucket's first micro-batch runs eagerly, at a step that "
+                "differs between a straight and a resumed run)")
         if self.engine.max_model_len is not None:
             require(self.engine.max_model_len >= self.rollout.max_sample_tokens, "engine.max_model_len",
                     f"{self.engine.max_model_len} is below rollout.max_sample_tokens "

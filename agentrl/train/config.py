@@ -160,6 +160,14 @@ class TrainerConfig:
     # once per member (agentrl.train.prefix_pack); exact, and applied only where the forward supports it (dense
     # full-attention models under sdpa, eager, flex_attention or the varlen kernel). false: unshared packing.
     share_prefix: bool = True
+    # Replay each micro-batch's decoder forward and backward from CUDA graphs, one pair per shape bucket
+    # (agentrl.train.flat_graphs): two launches where a small model's step launches thousands of kernels, each of
+    # which waits for the GIL beside the engine's thread. None (resolved by agentrl.run.build.trainer_graphs): on for
+    # CUDA runs whose forward takes the flat layout (dense models under the varlen kernel), except under tensor
+    # parallelism (collectives inside the layers), in deterministic runs (a bucket's first micro-batch runs
+    # eagerly, at a step that differs between a straight and a resumed run) and with release_kv_during_step (the
+    # graphs keep their activation memory, which that option means to hand over).
+    cuda_graphs: bool | None = None
 
     def __post_init__(self):
         check_types(self, "trainer")

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import itertools
 from dataclasses import dataclass
 
 import torch
 
+from agentrl.train.flat_graphs import FlatGraphs, FlatInputs, Plan, RoundUp, boundaries, flat_forward
 from agentrl.train.linear_conv import packed_conv_boundaries
 from agentrl.train.pack import PackedBatch
 from agentrl.train.varlen_attention import takes_flat_layout
@@ -115,19 +115,17 @@ class FlatLayout:
     trained: torch.Tensor | None = None  # [M] positions in the flat row of the trained targets (host-built)
 
 
-def flat_layout(batch: PackedBatch, pad_multiple: int = 1) -> FlatLayout:
+def flat_layout(batch: PackedBatch, pad_multiple: int = 1, padding: Plan | None = None) -> FlatLayout:
     """Built on the host from `batch.segments`. Index and boundaries cross to the device in one copy, from pinned
-    memory on CUDA: a pageable copy would wait for the previous micro-batch's backward to finish."""
-    if pad_multiple < 1:
-        raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+    memory on CUDA: a pageable copy would wait for the previous micro-batch's backward to finish. `padding`: how the
+    row is padded (`flat_graphs`; default: the length rounded up to `pad_multiple`, the padding one segment)."""
+    padding = padding or RoundUp(pad_multiple)
     width = batch.input_ids.shape[1]
     spans = [(r * width + start, n) for r, segs in enumerate(batch.segments) for _, start, n in segs]
     lengths = [n for _, n in spans]
     real = sum(lengths)
-    length = -(-real // pad_multiple) * pad_multiple
-    bounds = [0, *itertools.accumulate(lengths)]
-    if length > real:
-        bounds.append(length)
+    plan = padding(real, len(lengths), real, max(lengths), max(lengths))
+    bounds = boundaries(lengths + list(plan.tails), plan.segments)
     device = batch.input_ids.device
     index = torch.cat([torch.arange(s, s + n) for s, n in spans])
     parts = [index, torch.tensor(bounds)]
@@ -137,8 +135,8 @@ def flat_layout(batch: PackedBatch, pad_multiple: int = 1) -> FlatLayout:
     if device.type == "cuda":
         host = host.pin_memory()
     moved = host.to(device, non_blocking=True).split([p.numel() for p in parts])
-    return FlatLayout(index=moved[0], cu_seqlens=moved[1].int(), max_len=max(max(lengths), length - real),
-                      length=length, trained=moved[2] if len(moved) > 2 else None)
+    return FlatLayout(index=moved[0], cu_seqlens=moved[1].int(), max_len=plan.max_q, length=plan.length,
+                      trained=moved[2] if len(moved) > 2 else None)
 
 
 def _boundaries(cu_seqlens: torch.Tensor, max_len: int) -> dict:
@@ -146,19 +144,27 @@ def _boundaries(cu_seqlens: torch.Tensor, max_len: int) -> dict:
     return dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_len, max_length_k=max_len)
 
 
-def _flat_hidden_states(decoder, batch: PackedBatch, pad_multiple: int) -> tuple[torch.Tensor, FlatLayout]:
-    """Hidden states `[N, H]` of the real tokens, in `layout.index` order, from one flat forward."""
-    layout = flat_layout(batch, pad_multiple)
+def _flat_hidden_states(decoder, batch: PackedBatch, pad_multiple: int,
+                        graphs: FlatGraphs | None = None) -> tuple[torch.Tensor, FlatLayout]:
+    """Hidden states `[N, H]` of the real tokens, in `layout.index` order, from one flat forward (replayed from
+    `graphs` where given)."""
+    layout = flat_layout(batch, pad_multiple, graphs.padding if graphs is not None else None)
     ids = batch.input_ids.reshape(-1)[layout.index]
     pos = batch.position_ids.reshape(-1)[layout.index]
-    pad = layout.length - ids.shape[0]
-    if pad:  # the tail's own positions 0..pad-1; its token ids are never read back
-        ids = torch.cat([ids, ids.new_zeros(pad)])
-        pos = torch.cat([pos, torch.arange(pad, device=pos.device)])
+    inputs = FlatInputs(*padded_row(ids, pos, layout.length), layout.cu_seqlens, layout.cu_seqlens, layout.max_len,
+                        layout.max_len)
     with _linear_boundaries(decoder, layout.cu_seqlens):
-        out = decoder(input_ids=ids[None], position_ids=pos[None], use_cache=False,
-                      **_boundaries(layout.cu_seqlens, layout.max_len))
-    return out.last_hidden_state[0, :layout.index.shape[0]], layout
+        hidden = flat_forward(decoder, inputs, graphs)
+    return hidden[:layout.index.shape[0]], layout
+
+
+def padded_row(ids: torch.Tensor, pos: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The real tokens' ids and positions, then the padding's: ids 0 and positions 0.. (valid for any model; the
+    padding's segments are never read back)."""
+    pad = length - ids.shape[0]
+    if not pad:
+        return ids, pos
+    return torch.cat([ids, ids.new_zeros(pad)]), torch.cat([pos, torch.arange(pad, device=pos.device)])
 
 
 def _varlen_hidden_states(decoder, batch: PackedBatch) -> torch.Tensor:
@@ -434,12 +440,13 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 def packed_token_logprobs(model, batch: PackedBatch, *, temperature: float = 1.0, chunk_size: int = 1024,
                           hybrid_varlen: bool = False, compile: bool | None = None,
-                          pad_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                          pad_multiple: int = 1, graphs: FlatGraphs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob and entropy `[M]` of every trained target of `batch`, in `batch.trainable_tokens()` order.
 
-    `pad_multiple` rounds the length of the flat layout (used under a varlen attention implementation only)."""
+    `pad_multiple` rounds the length of the flat layout, and `graphs` replays its forward and backward from CUDA
+    graphs, padding it to their buckets (both used under a varlen attention implementation only)."""
     if _route(model, hybrid_varlen) == "flat":
-        hidden, layout = _flat_hidden_states(_decoder(model), batch, pad_multiple)
+        hidden, layout = _flat_hidden_states(_decoder(model), batch, pad_multiple, graphs)
         # layout.index is ascending and every trained position is a real token, so these rows come in the
         # row-major order of `hidden[loss_mask]` on the [R, T] layout. Found on the host when the batch kept its
         # host mask (no sync); else one device nonzero, which waits for the forward.

@@ -24,12 +24,12 @@ gradient through that gather, summed, exactly as unshared packing sums it over t
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
 
-from agentrl.train.logprobs import _check_attention, _decoder, chunked_logprobs, is_hybrid, lm_head_weight
+from agentrl.train.flat_graphs import FlatGraphs, FlatInputs, Plan, RoundUp, boundaries, flat_forward
+from agentrl.train.logprobs import _check_attention, _decoder, chunked_logprobs, is_hybrid, lm_head_weight, padded_row
 from agentrl.train.prefix_pack import SharedBatch
 from agentrl.train.varlen_attention import KV_INDEX, takes_flat_layout
 
@@ -89,10 +89,10 @@ class TreeFlatLayout:
     length: int  # N rounded up to the pad multiple
 
 
-def tree_flat_layout(batch: SharedBatch, pad_multiple: int = 1) -> TreeFlatLayout:
-    """Built on the host from the batch's units and head rows; crosses to the device in one copy."""
-    if pad_multiple < 1:
-        raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+def tree_flat_layout(batch: SharedBatch, pad_multiple: int = 1, padding: Plan | None = None) -> TreeFlatLayout:
+    """Built on the host from the batch's units and head rows; crosses to the device in one copy. `padding`: how the
+    row is padded (`flat_graphs`; default: the length rounded up to `pad_multiple`, the padding one segment)."""
+    padding = padding or RoundUp(pad_multiple)
     width = batch.input_ids.shape[1]
     q_lens, kv_spans = [], []  # per query sequence: its length and its key spans (flat start, length)
     base = 0
@@ -108,17 +108,21 @@ def tree_flat_layout(batch: SharedBatch, pad_multiple: int = 1) -> TreeFlatLayou
                     kv_spans.append([prefix, (base + offset, n)] if unit.prefix_len else [(base + offset, n)])
         base += fill
     real = base
-    length = -(-real // pad_multiple) * pad_multiple
-    if length > real:  # the tail: a sequence of its own, so no real token attends to it
-        q_lens.append(length - real)
-        kv_spans.append([(real, length - real)])
     k_lens = [sum(n for _, n in spans) for spans in kv_spans]
+    plan = padding(real, len(q_lens), sum(k_lens), max(q_lens), max(k_lens))
+    start = real
+    for n in plan.tails:  # the padding: sequences of their own, so no real token attends to them
+        q_lens.append(n)
+        k_lens.append(n)
+        kv_spans.append([(start, n)])
+        start += n
     index = torch.cat([r * width + torch.arange(fill) for r, fill in enumerate(batch.row_tokens)])
     kv_index = torch.cat([torch.arange(s, s + n) for spans in kv_spans for s, n in spans])
+    kv_index = torch.cat([kv_index, kv_index.new_zeros(plan.keys - kv_index.numel())])  # unused: never attended
     flat_of = torch.full((batch.input_ids.numel(),), -1, dtype=torch.long)
     flat_of[index] = torch.arange(real)
     head_rows = flat_of[batch.head_index.cpu()]
-    parts = [index, torch.tensor([0, *itertools.accumulate(q_lens)]), torch.tensor([0, *itertools.accumulate(k_lens)]),
+    parts = [index, torch.tensor(boundaries(q_lens, plan.segments)), torch.tensor(boundaries(k_lens, plan.segments)),
              kv_index, head_rows]
     host = torch.cat(parts)
     device = batch.input_ids.device
@@ -126,28 +130,25 @@ def tree_flat_layout(batch: SharedBatch, pad_multiple: int = 1) -> TreeFlatLayou
         host = host.pin_memory()
     moved = host.to(device, non_blocking=True).split([p.numel() for p in parts])
     return TreeFlatLayout(index=moved[0], cu_q=moved[1].int(), cu_k=moved[2].int(), kv_index=moved[3],
-                          head_rows=moved[4], max_q=max(q_lens), max_k=max(k_lens), length=length)
+                          head_rows=moved[4], max_q=plan.max_q, max_k=plan.max_k, length=plan.length)
 
 
-def shared_head_hidden(model, batch: SharedBatch, pad_multiple: int = 1) -> torch.Tensor:
-    """Final hidden states `[H, hidden]` of the batch's head rows, in `head_index` order."""
+def shared_head_hidden(model, batch: SharedBatch, pad_multiple: int = 1,
+                       graphs: FlatGraphs | None = None) -> torch.Tensor:
+    """Final hidden states `[H, hidden]` of the batch's head rows, in `head_index` order (the flat forward replayed
+    from `graphs` where given)."""
     _check_attention(model)
     reason = prefix_sharing_unsupported(model)
     if reason is not None:
         raise ValueError(f"this model cannot run a prefix-shared batch: {reason}; pack it with pack_samples")
     decoder = _decoder(model)
     if takes_flat_layout(model):
-        layout = tree_flat_layout(batch, pad_multiple)
+        layout = tree_flat_layout(batch, pad_multiple, graphs.padding if graphs is not None else None)
         ids = batch.input_ids.reshape(-1)[layout.index]
         pos = batch.position_ids.reshape(-1)[layout.index]
-        pad = layout.length - ids.shape[0]
-        if pad:
-            ids = torch.cat([ids, ids.new_zeros(pad)])
-            pos = torch.cat([pos, torch.arange(pad, device=pos.device)])
-        out = decoder(input_ids=ids[None], position_ids=pos[None], use_cache=False,
-                      cu_seq_lens_q=layout.cu_q, cu_seq_lens_k=layout.cu_k, max_length_q=layout.max_q,
-                      max_length_k=layout.max_k, **{KV_INDEX: layout.kv_index})
-        return out.last_hidden_state[0][layout.head_rows]
+        inputs = FlatInputs(*padded_row(ids, pos, layout.length), layout.cu_q, layout.cu_k, layout.max_q,
+                            layout.max_k, layout.kv_index)
+        return flat_forward(decoder, inputs, graphs)[layout.head_rows]
     impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
     if impl == "flex_attention":
         mask = tree_block_mask(batch)
@@ -162,10 +163,11 @@ def shared_head_hidden(model, batch: SharedBatch, pad_multiple: int = 1) -> torc
 
 
 def shared_token_logprobs(model, batch: SharedBatch, *, temperature: float = 1.0, chunk_size: int = 1024,
-                          compile: bool | None = None, pad_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                          compile: bool | None = None, pad_multiple: int = 1,
+                          graphs: FlatGraphs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob and entropy `[M]` of every loss entry of `batch`, in `batch.trainable_tokens()` order: the lm_head
     runs once per head row, and the entries gather from it."""
-    hidden = shared_head_hidden(model, batch, pad_multiple)
+    hidden = shared_head_hidden(model, batch, pad_multiple, graphs)
     targets = batch.head_targets.to(hidden.device)
     logprobs, entropy = chunked_logprobs(hidden, lm_head_weight(model), targets, temperature=temperature,
                                          chunk_size=chunk_size, compile=compile)

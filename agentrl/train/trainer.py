@@ -16,13 +16,15 @@ import torch
 
 from agentrl.sample import TrainingSample
 from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig
-from agentrl.train.logprobs import packed_token_logprobs
+from agentrl.train.flat_graphs import FlatGraphs
+from agentrl.train.logprobs import _decoder, is_hybrid, packed_token_logprobs
 from agentrl.train.loss import loss_denominator, policy_loss
 from agentrl.train.micro_batch import default_rows_per_micro_batch
 from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
 from agentrl.train.pack import pack_samples
 from agentrl.train.prefix_forward import prefix_sharing_error, prefix_sharing_unsupported, shared_token_logprobs
 from agentrl.train.prefix_pack import SharedBatch, groups_of, pack_shared, plan_units, prefix_tree_tokens
+from agentrl.train.varlen_attention import takes_flat_layout
 
 # A tree mask read wrongly changes hidden states by O(1); rounding (bf16 included) stays far below this.
 _TREE_ERROR_LIMIT = 0.05
@@ -30,7 +32,10 @@ _TREE_ERROR_LIMIT = 0.05
 
 class Trainer:
     def __init__(self, model: torch.nn.Module, config: TrainerConfig, loss: LossConfig, optim: OptimConfig, *,
-                 total_steps: int, temperature: float = 1.0, hybrid_varlen: bool = False, pad_token_id: int = 0):
+                 total_steps: int, temperature: float = 1.0, hybrid_varlen: bool = False, pad_token_id: int = 0,
+                 cuda_graphs: bool = False, capture_guard: Callable[[], ContextManager] = contextlib.nullcontext):
+        """`cuda_graphs`: replay the flat forward and backward from CUDA graphs (`flat_graphs`; the run resolves
+        `trainer.cuda_graphs`); `capture_guard` holds every other GPU user off while one is captured."""
         self.model, self.config, self.loss_config = model, config, loss
         self.temperature, self.hybrid_varlen, self.pad_token_id = temperature, hybrid_varlen, pad_token_id
         self.device = next(model.parameters()).device
@@ -44,6 +49,12 @@ class Trainer:
         # attention kernel before the first step relies on it.
         self.share_prefix = config.share_prefix and prefix_sharing_unsupported(model) is None
         self._tree_checked = False
+        self.graphs = None
+        if cuda_graphs:
+            if self.device.type != "cuda" or not takes_flat_layout(model) or is_hybrid(model):
+                raise ValueError("trainer.cuda_graphs=true needs CUDA and a dense model under the varlen attention "
+                                 f"(here: {self.device.type}, attention {model.config._attn_implementation!r})")
+            self.graphs = FlatGraphs(_decoder(model), pad_multiple=self.pad_multiple, guard=capture_guard)
 
     def pack(self, samples: Sequence[TrainingSample]):
         """The step's batch: prefix-shared where enabled and supported, else unshared."""
@@ -76,6 +87,7 @@ class Trainer:
         packing = time.perf_counter()
         batch = self.pack(samples)
         pack_seconds = time.perf_counter() - packing
+        graph_counts = dict(self.graphs.counts) if self.graphs is not None else {}
         tokens = batch.trainable_tokens()
         denominator = float(loss_denominator(tokens, self.loss_config, policy_version))
         started = time.perf_counter()
@@ -88,10 +100,11 @@ class Trainer:
             # importance ratio must compare like with like.
             if isinstance(micro, SharedBatch):
                 logprobs, entropy = shared_token_logprobs(self.model, micro, chunk_size=cfg.logprob_chunk_size,
-                                                          pad_multiple=self.pad_multiple, temperature=self.temperature)
+                                                          pad_multiple=self.pad_multiple, temperature=self.temperature,
+                                                          graphs=self.graphs)
             else:
                 logprobs, entropy = packed_token_logprobs(self.model, micro, chunk_size=cfg.logprob_chunk_size,
-                                                          hybrid_varlen=self.hybrid_varlen,
+                                                          hybrid_varlen=self.hybrid_varlen, graphs=self.graphs,
                                                           pad_multiple=self.pad_multiple, temperature=self.temperature)
             loss, metrics = policy_loss(logprobs, micro_tokens, self.loss_config, current_version=policy_version,
                                         entropy=entropy, denominator=denominator, defer_metrics=True)
@@ -108,7 +121,8 @@ class Trainer:
                 "train_seconds": seconds, "pack_seconds": pack_seconds, "trained_tokens": trained,
                 "trained_tokens_per_s": trained / max(seconds, 1e-9),
                 "generated_tokens": int(tokens.target_ids.numel()), "rows": n_rows,
-                **token_counts(samples, batch), **merge_metrics(metrics_rows)}
+                **token_counts(samples, batch), **merge_metrics(metrics_rows),
+                **{f"flat_graphs_{k}": self.graphs.counts[k] - v for k, v in graph_counts.items()}}
 
     def state_dict(self) -> dict:
         return {"stepper": self.stepper.state_dict()}

@@ -1,0 +1,262 @@
+"""The trainer's flat forward and backward replayed from CUDA graphs, one pair per shape bucket.
+
+Why: the training step of a small model is bound by launching kernels from Python, thousands a step (a few dozen
+a decoder layer, forward and backward, even compiled). In a run the engine's thread steps beside it in the same
+process, and every launch lets go of the GIL and must win it back from that thread, which doubles the trainer's
+step (BENCHMARKS.md, "Engine and trainer on one GPU"). Replayed from a graph, a micro-batch's decoder forward is one
+launch and its backward another; only the chunked lm_head and the loss, a few dozen kernels, stay eager.
+
+How, for one micro-batch on the flat layout (`logprobs.flat_layout`, `prefix_forward.tree_flat_layout`):
+- Shapes come from few buckets (`Buckets`): the row's length on a grid of multiples, then steps of 1.25x; the
+  sample boundaries' count, the longest query and key sequence and the gathered keys of a prefix-shared row on
+  powers of two or the same grid. The padding is laid out as segments of its own (no real token attends to it;
+  every padding position is computed, from valid ids and positions, so nothing undefined reaches a gradient), and
+  boundary lists are filled up with empty segments.
+- The first micro-batch of a bucket runs eagerly (it also compiles and tunes whatever the compiled layers need for
+  it); the second captures the forward and the backward into graphs that share one memory pool, then replays.
+  Captures run under `guard` (the run passes `Engine.pause`): no other thread's GPU work lands inside one.
+- The backward graph adds into each parameter's `.grad` in place, so those tensors must stay where the capture
+  saw them: before every replay, gradients the optimizer set to None (or that an eager micro-batch made anew) are
+  put back into the captured tensors (`_bind_grads`), zeroed or copied, in two foreach kernels.
+- Graphs read the parameters in place, so optimizer updates need no re-capture (as the engine's decode graphs).
+
+The same code runs on CPU with a stand-in capture (`capture=stand_in_capture`: replay re-runs the captured
+function), which is how the tests check bucketing, the replay's autograd plumbing and gradient binding without a
+GPU; the padded eager path (`capture=None`) is the reference a graph must equal bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+from types import SimpleNamespace
+from typing import Callable, ContextManager
+
+import torch
+
+from agentrl.train.varlen_attention import KV_INDEX
+
+
+# ------------------------------------------------------------------------------------------------ padding plans
+
+
+@dataclass(frozen=True)
+class Padding:
+    """How a flat row of `real` tokens is padded: its length, the padding's own segments, and the capacities of the
+    boundary lists (segments) and of a prefix-shared row's gathered keys."""
+
+    length: int
+    tails: tuple[int, ...]
+    segments: int  # boundary entries - 1: real segments, tails, then empty segments
+    keys: int  # gathered keys: the real ones, the tails', then unused entries
+    max_q: int
+    max_k: int
+
+
+Plan = Callable[[int, int, int, int, int], Padding]  # (real tokens, segments, keys, max_q, max_k) -> Padding
+
+
+class RoundUp:
+    """Today's eager plan: the length rounded up to `multiple`, the padding one segment, no other capacity."""
+
+    def __init__(self, multiple: int = 1):
+        if multiple < 1:
+            raise ValueError(f"pad_multiple must be >= 1, got {multiple}")
+        self.multiple = multiple
+
+    def __call__(self, real: int, segments: int, keys: int, max_q: int, max_k: int) -> Padding:
+        length = -(-real // self.multiple) * self.multiple
+        tail = length - real
+        tails = (tail,) if tail else ()
+        return Padding(length, tails, segments + len(tails), keys + tail, max(max_q, tail), max(max_k, tail))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+class Buckets:
+    """Few distinct shapes: each one is a pair of graphs (captured once, kept for the run)."""
+
+    def __init__(self, multiple: int = 128, ratio: float = 1.25, min_segments: int = 8):
+        if multiple < 1:
+            raise ValueError(f"pad_multiple must be >= 1, got {multiple}")
+        self.multiple, self.ratio, self.min_segments = multiple, ratio, min_segments
+
+    def grid(self, n: int) -> int:
+        """The smallest grid value >= n: multiples up to 8 of them, then steps of `ratio`, rounded to multiples."""
+        m, g = self.multiple, self.multiple
+        while g < n:
+            g = g + m if g < 8 * m else -(-int(g * self.ratio) // m) * m
+        return g
+
+    def __call__(self, real: int, segments: int, keys: int, max_q: int, max_k: int) -> Padding:
+        length = self.grid(real)
+        max_q = min(_pow2(max_q), length)
+        tail = length - real
+        tails = (max_q,) * (tail // max_q) + ((tail % max_q,) if tail % max_q else ())
+        # Key sequences hold their queries, so a tail never exceeds max_k either.
+        max_k = max(min(_pow2(max_k), self.grid(keys + tail)), max_q)
+        return Padding(length, tails, _pow2(max(segments + len(tails), self.min_segments)), self.grid(keys + tail),
+                       max_q, max_k)
+
+
+def boundaries(lengths: list[int], capacity: int) -> list[int]:
+    """Cumulative boundaries of `lengths`, filled up to `capacity` segments with empty ones."""
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out + [out[-1]] * (capacity - len(lengths))
+
+
+# ------------------------------------------------------------------------------------------------ the forward
+
+
+@dataclass
+class FlatInputs:
+    """One flat forward's device inputs; `kv_index` only for a prefix-shared row (`varlen_attention.KV_INDEX`)."""
+
+    ids: torch.Tensor  # [N] long
+    pos: torch.Tensor  # [N] long
+    cu_q: torch.Tensor  # int32 [S + 1]
+    cu_k: torch.Tensor  # int32 [S + 1]
+    max_q: int
+    max_k: int
+    kv_index: torch.Tensor | None = None  # [K] long
+
+    def key(self) -> tuple:
+        kv = -1 if self.kv_index is None else self.kv_index.numel()
+        return self.ids.numel(), self.cu_q.numel(), self.cu_k.numel(), kv, self.max_q, self.max_k
+
+    def run(self, decoder) -> torch.Tensor:
+        """Final hidden states `[N, H]`: the decoder over one flat row, the boundaries passed to every layer."""
+        extra = {} if self.kv_index is None else {KV_INDEX: self.kv_index}
+        out = decoder(input_ids=self.ids[None], position_ids=self.pos[None], use_cache=False,
+                      cu_seq_lens_q=self.cu_q, cu_seq_lens_k=self.cu_k, max_length_q=self.max_q,
+                      max_length_k=self.max_k, **extra)
+        return out.last_hidden_state[0]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)]
+
+    def static_copy(self) -> FlatInputs:
+        return FlatInputs(**{f.name: (v.clone() if isinstance(v, torch.Tensor) else v)
+                             for f in fields(self) for v in [getattr(self, f.name)]})
+
+
+def flat_forward(decoder, inputs: FlatInputs, graphs: FlatGraphs | None) -> torch.Tensor:
+    return inputs.run(decoder) if graphs is None else graphs(inputs)
+
+
+# ------------------------------------------------------------------------------------------------ captures
+
+
+Capture = Callable[[Callable[[], None], object], Callable[[], None]]
+
+
+def cuda_capture(fn: Callable[[], None], pool) -> Callable[[], None]:
+    """`fn`'s kernels recorded into a CUDA graph (not run); returns its replay. Thread-local capture mode: a call
+    from another thread (a tool, the rollout driver) cannot invalidate it, and `guard` keeps the engine's kernels
+    out."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        fn()
+    return graph.replay
+
+
+def stand_in_capture(fn: Callable[[], None], pool) -> Callable[[], None]:
+    """CPU tests' capture: nothing recorded, replay runs `fn` again."""
+    return fn
+
+
+class _Entry:
+    """One bucket's static inputs, graphs and output."""
+
+    def __init__(self, decoder, params: list[torch.Tensor], inputs: FlatInputs, capture: Capture, pool):
+        self.static = inputs.static_copy()
+        width = decoder.config.hidden_size
+        dtype = next(decoder.parameters()).dtype
+        self.grad_in = torch.zeros(inputs.ids.numel(), width, dtype=dtype, device=inputs.ids.device)
+        holder = SimpleNamespace(hidden=None)
+
+        def forward():
+            holder.hidden = self.static.run(decoder)
+
+        def backward():
+            torch.autograd.backward(holder.hidden, self.grad_in, inputs=params)
+
+        self.holder = holder
+        self.forward = capture(forward, pool)
+        self.backward = capture(backward, pool)
+
+    def load(self, inputs: FlatInputs) -> None:
+        for dst, src in zip(self.static.tensors(), inputs.tensors()):
+            dst.copy_(src, non_blocking=True)
+
+
+class _Replay(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, anchor, entry):
+        with torch.enable_grad():  # a stand-in replay records the autograd graph its backward replays through
+            entry.forward()
+        ctx.entry = entry
+        return entry.holder.hidden.detach().clone()  # the static output is overwritten by the bucket's next replay
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.entry.grad_in.copy_(grad)
+        ctx.entry.backward()
+        return None, None
+
+
+class FlatGraphs:
+    """The decoder's flat forward and backward, from CUDA graphs per shape bucket (see the module docstring).
+
+    `capture`: `cuda_capture`, `stand_in_capture`, or None for the padded eager path only. `guard`: a context
+    holding every other GPU user off for a capture. `capture_after`: eager micro-batches of a bucket before its
+    capture (the first compiles and tunes what the bucket needs; a capture must not)."""
+
+    def __init__(self, decoder, *, pad_multiple: int = 128, capture: Capture | None = cuda_capture,
+                 guard: Callable[[], ContextManager] = contextlib.nullcontext, capture_after: int = 1):
+        self.decoder, self.capture, self.guard, self.capture_after = decoder, capture, guard, capture_after
+        self.padding = Buckets(pad_multiple)
+        self.params = [p for p in decoder.parameters() if p.requires_grad]
+        self.pool = torch.cuda.graph_pool_handle() if capture is cuda_capture else None
+        self._entries: dict[tuple, _Entry] = {}
+        self._seen: dict[tuple, int] = {}
+        self._grads: list[torch.Tensor] | None = None
+        self._anchor = torch.zeros((), requires_grad=True)  # gives the replay's output a grad_fn
+        self.counts = {"eager": 0, "captured": 0, "replayed": 0}
+
+    def __call__(self, inputs: FlatInputs) -> torch.Tensor:
+        key = inputs.key()
+        entry = self._entries.get(key)
+        if entry is None:
+            self._seen[key] = seen = self._seen.get(key, 0) + 1
+            if self.capture is None or seen <= self.capture_after or not torch.is_grad_enabled():
+                self.counts["eager"] += 1
+                return inputs.run(self.decoder)
+            with self.guard():
+                self._bind_grads()  # the backward graph adds into these tensors: they must be the final ones
+                entry = self._entries[key] = _Entry(self.decoder, self.params, inputs, self.capture, self.pool)
+            self.counts["captured"] += 1
+        self._bind_grads()
+        entry.load(inputs)
+        self.counts["replayed"] += 1
+        return _Replay.apply(self._anchor, entry)
+
+    def _bind_grads(self) -> None:
+        """Every parameter's `.grad` is its captured tensor again, holding what it would hold eagerly."""
+        if self._grads is None:
+            self._grads = [torch.zeros_like(p) for p in self.params]
+        stale = [(p, g) for p, g in zip(self.params, self._grads) if p.grad is not g]
+        if not stale:
+            return
+        cleared = [g for p, g in stale if p.grad is None]
+        moved = [(g, p.grad) for p, g in stale if p.grad is not None]
+        if cleared:
+            torch._foreach_zero_(cleared)
+        if moved:
+            torch._foreach_copy_([g for g, _ in moved], [src for _, src in moved])
+        for p, g in stale:
+            p.grad = g

@@ -1,0 +1,215 @@
+"""The trainer's flat forward and backward from graphs per shape bucket (`agentrl.train.flat_graphs`), on CPU: the
+bucketed padding computes what the plain padding does, a stand-in capture replays through the same autograd
+plumbing and gradient binding the CUDA graphs use, and the forward makes no host reads a capture would refuse.
+The CUDA graphs themselves: tests/train/test_flat_graphs_gpu.py."""
+
+import dataclasses
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from agentrl.models import load_model
+from agentrl.run.build import trainer_graphs
+from agentrl.run.config import TrainConfig
+from agentrl.train import varlen_attention as va
+from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig
+from agentrl.train.flat_graphs import Buckets, FlatGraphs, FlatInputs, RoundUp, stand_in_capture
+from agentrl.train.logprobs import _decoder, flat_layout, packed_token_logprobs
+from agentrl.train.pack import pack_samples
+from agentrl.train.prefix_forward import shared_token_logprobs, tree_flat_layout
+from agentrl.train.prefix_pack import pack_shared
+from agentrl.train.trainer import Trainer
+from tests.helpers import train_samples
+from tests.train.test_prefix_sharing import _groups
+
+REFERENCE = va.register("agentrl_varlen_reference", va.reference_kernel)  # flash's stand-in on CPU
+
+
+def _model(name="tiny-qwen3"):
+    model, _ = load_model(name)
+    model.set_attn_implementation(REFERENCE)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+
+
+def test_buckets_give_few_shapes_with_bounded_padding():
+    plan = Buckets(128)
+    lengths = set()
+    for real in range(700, 40_000, 53):
+        p = plan(real, 70, 2 * real, 300, 450)
+        lengths.add(p.length)
+        assert p.length >= real and p.length % 128 == 0
+        assert real < 1024 or p.length <= 1.25 * real + 128  # at most a quarter more, past eight multiples
+        assert sum(p.tails) == p.length - real and all(0 < t <= p.max_q for t in p.tails)
+        assert p.segments >= 70 + len(p.tails) and p.segments & (p.segments - 1) == 0  # a power of two
+        assert p.keys >= 2 * real + p.length - real and p.max_q == 512 and p.max_k == 512
+    assert len(lengths) <= 24  # 39k lengths from 700 to 40k tokens: two dozen shapes
+
+
+def test_round_up_is_the_plain_layout():
+    assert RoundUp(64)(107, 8, 107, 30, 30) == RoundUp(64)(107, 8, 107, 30, 30)
+    p = RoundUp(64)(107, 8, 107, 30, 30)
+    assert (p.length, p.tails, p.segments, p.keys, p.max_q) == (128, (21,), 9, 128, 30)
+    assert RoundUp(1)(107, 8, 107, 30, 30).tails == ()
+
+
+def test_bucketed_layouts_pad_with_segments_of_their_own_and_empty_ones():
+    batch = pack_samples(train_samples(320, [13, 9, 21, 4, 17, 11, 2, 30]), row_tokens=40)
+    plan = Buckets(16)
+    layout = flat_layout(batch, padding=plan)
+    bounds = layout.cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    assert layout.length == plan.grid(107) == 112 and bounds[-1] == 112
+    assert lengths[:8] == [n for segs in batch.segments for _, _, n in segs] and lengths[8] == 5
+    assert all(n == 0 for n in lengths[9:]) and len(lengths) == 16 and layout.max_len == 32
+    shared = pack_shared(_groups(), row_tokens=64)
+    tree = tree_flat_layout(shared, padding=plan)
+    cu_q, cu_k = tree.cu_q.tolist(), tree.cu_k.tolist()
+    assert cu_q[-1] == tree.length and cu_k[-1] <= tree.kv_index.numel() and len(cu_q) == len(cu_k)
+    assert tree.kv_index.numel() == plan.grid(tree.kv_index.numel())
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_bucketed_forward_computes_what_the_plain_padding_does(shared):
+    """Logprobs and every gradient, fp32: the padding's own segments and the empty ones change no real token."""
+    model = _model()
+    samples = _groups() if shared else train_samples(model.config.vocab_size, [13, 9, 21, 4, 17, 11, 2, 30])
+    batch = pack_shared(samples, row_tokens=64) if shared else pack_samples(samples, row_tokens=40)
+    forward = shared_token_logprobs if shared else packed_token_logprobs
+    results = []
+    for graphs in (None, FlatGraphs(_decoder(model), pad_multiple=16, capture=None)):
+        model.zero_grad(set_to_none=True)
+        lp, ent = forward(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
+        (lp.sum() + 0.1 * ent.sum()).backward()
+        results.append((lp.detach(), [p.grad.clone() for p in model.parameters()]))
+    (lp0, g0), (lp1, g1) = results
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-6)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- replays
+
+
+def _steps(model, graphs, batches, rows_per_micro_batch=1):
+    trainer = Trainer(model, TrainerConfig(row_tokens=64, rows_per_micro_batch=rows_per_micro_batch),
+                      LossConfig(), OptimConfig(lr=1e-3), total_steps=len(batches))
+    trainer.pad_multiple = 16  # as on GPU (row_pad_multiple there)
+    if graphs is not None:
+        trainer.graphs = FlatGraphs(_decoder(model), pad_multiple=16, capture=graphs)
+    metrics = [trainer.step(samples, policy_version=3) for samples in batches]
+    return trainer, metrics
+
+
+def test_replayed_steps_equal_the_padded_eager_steps():
+    """Four steps of prefix-shared and plain batches, one row a micro-batch: buckets seen again are replayed (with
+    gradients the optimizer set to None in between, and micro-batches of one step mixing eager runs and replays),
+    and the weights follow the padded eager trainer's."""
+    vocab = 300
+    plain = train_samples(vocab, [13, 9, 21, 4, 17, 11, 2, 30, 25, 8])
+    batches = [_groups(vocab, seed=0), _groups(vocab, seed=0), plain, _groups(vocab, seed=1), plain]
+    weights = []
+    for capture in (None, stand_in_capture):
+        model = _model()
+        trainer, metrics = _steps(model, capture, batches)
+        weights.append([p.detach().clone() for p in model.parameters()])
+        if capture is not None:
+            counts = trainer.graphs.counts
+            assert counts["captured"] >= 2 and counts["replayed"] >= 4, counts
+            assert sum(m["flat_graphs_replayed"] for m in metrics) == counts["replayed"]
+            assert metrics[0]["flat_graphs_replayed"] == 0  # the first sight of every bucket runs eagerly
+    for a, b in zip(*weights):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    moved = [not torch.equal(a, p) for a, p in zip(weights[0], _model().parameters())]
+    assert all(moved)  # every parameter trained, so every one was compared after real updates
+
+
+def test_replays_bind_the_gradients_back_to_the_captured_tensors():
+    model = _model()
+    graphs = FlatGraphs(_decoder(model), pad_multiple=16, capture=stand_in_capture)
+    batch = pack_samples(train_samples(300, [13, 9, 21]), row_tokens=64)
+    grads = []
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        lp, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
+        lp.sum().backward()
+        grads.append([p.grad for p in _decoder(model).parameters()])
+    assert graphs.counts == {"eager": 1, "captured": 1, "replayed": 2}
+    assert all(a is b for a, b in zip(grads[1], grads[2]))  # the captured tensors, every replay
+    for a, b in zip(grads[0], grads[2]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)  # cleared in between, not summed
+
+
+# ---------------------------------------------------------------------------------------------- capturable
+
+
+class _HostReads(TorchDispatchMode):
+    """Fails on an op that makes the host wait for the device (a CUDA capture refuses them)."""
+
+    HOST = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+            "item", "equal", "is_nonzero"}
+
+    def __init__(self):
+        super().__init__()
+        self.paused = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused and func.overloadpacket.__name__ in self.HOST:
+            raise AssertionError(f"host read in the flat forward or backward: {func}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_flat_forward_and_backward_read_nothing_back_to_the_host():
+    """The decoder's forward through transformers and its backward, as a graph captures them. The attention
+    kernel's stand-in reads its boundaries on the host (flash does not) and is exempt."""
+    mode = _HostReads()
+
+    def kernel(*args):
+        mode.paused = True
+        try:
+            return va.reference_kernel(*args)
+        finally:
+            mode.paused = False
+
+    name = va.register("agentrl_varlen_host_reads", kernel)
+    model, _ = load_model("tiny-qwen3")
+    model.set_attn_implementation(name)
+    batch = pack_shared(_groups(), row_tokens=64)
+    layout = tree_flat_layout(batch, padding=Buckets(16))
+    ids = batch.input_ids.reshape(-1)[layout.index]
+    pos = batch.position_ids.reshape(-1)[layout.index]
+    pad = layout.length - ids.numel()
+    inputs = FlatInputs(torch.cat([ids, ids.new_zeros(pad)]), torch.cat([pos, torch.arange(pad)]), layout.cu_q,
+                        layout.cu_k, layout.max_q, layout.max_k, layout.kv_index)
+    with mode:
+        hidden = inputs.run(_decoder(model))
+        hidden.float().square().mean().backward()
+    assert hidden.shape == (layout.length, model.config.hidden_size)
+    with pytest.raises(AssertionError, match="host read"), mode:  # the check itself sees a read
+        bool(hidden.sum() > 0)
+
+
+# ---------------------------------------------------------------------------------------------- defaults
+
+
+def test_graphs_are_on_for_flat_cuda_runs_only_unless_set():
+    flat, rows, hybrid = _model(), load_model("tiny-qwen3")[0], load_model("tiny-qwen3.5")[0]
+    cfg = TrainConfig()
+    assert trainer_graphs(cfg, flat, "cuda") is True
+    assert trainer_graphs(cfg, flat, "cpu") is False
+    assert trainer_graphs(cfg, rows, "cuda") is False  # sdpa / flex rows: no flat layout
+    assert trainer_graphs(cfg, hybrid, "cuda") is False
+    assert trainer_graphs(dataclasses.replace(cfg, deterministic=True), flat, "cuda") is False
+    assert trainer_graphs(dataclasses.replace(cfg, release_kv_during_step=True), flat, "cuda") is False
+    off = TrainConfig.from_dict({}, ["--trainer.cuda_graphs=false"])
+    assert trainer_graphs(off, flat, "cuda") is False
+    with pytest.raises(ValueError, match="trainer.cuda_graphs"):
+        TrainConfig.from_dict({}, ["--trainer.cuda_graphs=true", "--deterministic=true"])
+
+
+def test_asking_for_graphs_without_cuda_is_one_clear_error():
+    with pytest.raises(ValueError, match="trainer.cuda_graphs=true needs CUDA"):
+        Trainer(_model(), TrainerConfig(), LossConfig(), OptimConfig(), total_steps=1, cuda_graphs=True)
