@@ -73,6 +73,15 @@ item() {
     # dynamic from the first step, numpy packing (vs_trl printed 72 ms of packing a step before it)
     long-run) TAIL=8 run "$1" 240 python3 -m pytest -m gpu tests/run/test_long_run_gpu.py -q -rA --tb=short \
         -p no:cacheprovider -p no:warnings ;;
+    # #16: the trainer's forward and backward replayed from CUDA graphs (the default now): its GPU test, then the
+    # train step of both shapes with and without them, in one process each
+    graphs-tests) TAIL=25 run "$1" 300 python3 -m pytest -m gpu tests/train/test_flat_graphs_gpu.py -q -rA \
+        --tb=long -p no:cacheprovider -p no:warnings ;;
+    train-step-graphs) TAIL=16 run "$1" 300 sh -c "python3 benchmarks/train_step.py --model-shape smollm2 --shape gsm8k \
+        --skip-hf --variants default,default-eager --steps 5 && python3 benchmarks/train_step.py --model-shape qwen3-0.6b \
+        --skip-hf --variants default,default-eager --steps 5" ;;
+    vs-trl-graphs) TAIL=10 run "$1" 400 python3 benchmarks/vs_trl.py --data "$DATA/gsm8k/train.jsonl" --trl-backends \
+        generate --steps 12 --warmup-steps 4 --agentrl-variants "trainer.cuda_graphs=false" --out "$OUT/vs_trl.md" ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac
 }

@@ -22,12 +22,14 @@ the FLOPs actually computed.
 sharing a 320-token prompt (gsm8k_math's prompt under SmolLM2's template is 313-328 tokens).
 
 `default` is the trainer exactly as `agentrl train` builds it with default options on this device, through
-agentrl's own resolvers (`agentrl.run.build`: attention implementation, compiled layers; the trainer's defaults
+agentrl's own resolvers (`agentrl.run.build`: attention implementation, compiled layers, CUDA graphs for the
+flat forward and backward; the trainer's defaults
 for rows per micro-batch, prefix sharing, row width, padding and lm_head chunks), on the model in the dtype
 model.dtype=auto gives (bf16 on GPU, as every variant here). Its step is
 `Trainer.step`, so unlike the other variants it includes the optimizer step, and its peak memory AdamW's state; it
 packs with the trainer's own `row_tokens`, not `--row-tokens`. A line after the table names what it resolved to,
-and any frame compiled during the timed steps (there should be none) is reported with the row.
+and any frame compiled during the timed steps (there should be none) is reported with the row. `default-eager` is
+the same with `trainer.cuda_graphs=false`; with the default two warm-up steps, `default`'s timed steps are replays.
 
 MFU counts 6 x (non-embedding params + vocab x hidden) per token plus causal attention (12 x layers x q_dim x
 mean context), over 790 TFLOP/s (the H200's measured bf16 dense peak, docs/anchors.md).
@@ -39,7 +41,7 @@ nothing (MFU is against the H200's peak).
 
 usage: python benchmarks/train_step.py [--tokens 25000] [--steps 3] [--warmup 2] [--variants default,ckpt,...]
                                      [--profile] [--shape random|hotpotqa|gsm8k] [--model-shape qwen3-0.6b|smollm2]
-       variants: default | ckpt|nockpt[+compile[+mem<fraction>]][+varlen][+share][@rows per micro-batch]
+       variants: default | default-eager | ckpt|nockpt[+compile[+mem<fraction>]][+varlen][+share][@rows per micro-batch]
 """
 
 from __future__ import annotations
@@ -266,7 +268,7 @@ def print_profile(name, fn, model, batch, cfg):
 def parse_variant(variant: str) -> tuple[str, int | None]:
     """`kind@rows` -> (kind, rows per micro-batch or None for all rows), checked before any GPU time is spent.
     `default` takes everything from the trainer's defaults, so it has no parts and no @rows."""
-    if variant == "default":
+    if variant in ("default", "default-eager"):
         return variant, None
     kind, _, micro = variant.partition("@")
     parts = kind.split("+")
@@ -321,14 +323,14 @@ def rows_attention() -> str:
     return "flex_attention" if torch.cuda.is_available() else "sdpa"
 
 
-def default_trainer(model):
+def default_trainer(model, graphs: bool = True):
     """The trainer `agentrl train` builds with default options on this device, around `model`, and a line saying
-    what the defaults resolved to."""
+    what the defaults resolved to. `graphs=False`: the same with `trainer.cuda_graphs=false` (`default-eager`)."""
     from agentrl.run import build
     from agentrl.run.config import TrainConfig
     from agentrl.train.trainer import Trainer
 
-    cfg = TrainConfig()
+    cfg = TrainConfig() if graphs else TrainConfig.from_dict({}, ["--trainer.cuda_graphs=false"])
     on = device()
     reset_model(model)
     # What load_trainable_policy does after loading (attention, checkpointing, train mode, hybrid kernels), then
@@ -337,12 +339,13 @@ def default_trainer(model):
     compiled = build.compile_trainer_layers(cfg, model, on)
     trainer = Trainer(model, cfg.trainer, cfg.loss, cfg.optim, total_steps=cfg.steps,
                       temperature=cfg.rollout.temperature, hybrid_varlen=varlen,
-                      pad_token_id=model.config.pad_token_id or 0)
+                      pad_token_id=model.config.pad_token_id or 0, cuda_graphs=build.trainer_graphs(cfg, model, on))
     t = cfg.trainer
     line = (f"default on {on}: attention {model.config._attn_implementation}, compiled layers "
             f"{'on' if compiled else 'off'} (activation budget {cfg.model.activation_memory_budget}), "
             f"{t.rows_per_micro_batch} row(s) a micro-batch, rows of {t.row_tokens} padded to {trainer.pad_multiple}, "
-            f"prefix sharing {'on' if trainer.share_prefix else 'off'}, lm_head chunks of {t.logprob_chunk_size}")
+            f"prefix sharing {'on' if trainer.share_prefix else 'off'}, lm_head chunks of {t.logprob_chunk_size}, "
+            f"CUDA graphs {'on' if trainer.graphs is not None else 'off'}")
     return trainer, line
 
 
@@ -374,7 +377,8 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones (compiles)")
     ap.add_argument("--variants", default="ckpt",
-                    help="comma list of default or ckpt|nockpt[+compile][+varlen][+share][@rows per micro-batch], "
+                    help="comma list of default, default-eager (trainer.cuda_graphs=false) or "
+                         "ckpt|nockpt[+compile][+varlen][+share][@rows per micro-batch], "
                          "e.g. default,ckpt,nockpt@1,nockpt+compile@1,nockpt+compile+varlen@1")
     ap.add_argument("--profile", action="store_true", help="print the kernel table of each variant")
     ap.add_argument("--skip-hf", action="store_true")
@@ -410,8 +414,8 @@ def main():
         check = varlen_check(model, batch)
         print(check, flush=True)  # now as well as in the summary, in case a later variant takes the process down
     for variant, kind, micro in variants:
-        if kind == "default":
-            trainer, line = default_trainer(model)
+        if kind in ("default", "default-eager"):
+            trainer, line = default_trainer(model, graphs=kind == "default")
             notes.append(line)
             trained = trainer.pack(samples)  # also runs the trainer's one-time sharing check, as its first step does
 

@@ -28,6 +28,7 @@ GPU; the padded eager path (`capture=None`) is the reference a graph must equal 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Callable, ContextManager
@@ -225,7 +226,8 @@ class FlatGraphs:
         self._entries: dict[tuple, _Entry] = {}
         self._seen: dict[tuple, int] = {}
         self._grads: list[torch.Tensor] | None = None
-        self._anchor = torch.zeros((), requires_grad=True)  # gives the replay's output a grad_fn
+        # Gives the replay's output a grad_fn.
+        self._anchor = torch.zeros((), requires_grad=True, device=self.params[0].device)
         self.counts = {"eager": 0, "captured": 0, "replayed": 0}
 
     def __call__(self, inputs: FlatInputs) -> torch.Tensor:
@@ -236,9 +238,17 @@ class FlatGraphs:
             if self.capture is None or seen <= self.capture_after or not torch.is_grad_enabled():
                 self.counts["eager"] += 1
                 return inputs.run(self.decoder)
-            with self.guard():
-                self._bind_grads()  # the backward graph adds into these tensors: they must be the final ones
-                entry = self._entries[key] = _Entry(self.decoder, self.params, inputs, self.capture, self.pool)
+            try:
+                with self.guard():
+                    self._bind_grads()  # the backward graph adds into these tensors: they must be the final ones
+                    entry = self._entries[key] = _Entry(self.decoder, self.params, inputs, self.capture, self.pool)
+            except Exception as exc:  # a layer or kernel that cannot be captured here: train on, eagerly
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                warnings.warn(f"capturing the trainer's forward and backward in CUDA graphs failed ({first}); "
+                              "training without them", stacklevel=2)
+                self.capture = None
+                self.counts["eager"] += 1
+                return inputs.run(self.decoder)
             self.counts["captured"] += 1
         self._bind_grads()
         entry.load(inputs)

@@ -213,3 +213,18 @@ def test_graphs_are_on_for_flat_cuda_runs_only_unless_set():
 def test_asking_for_graphs_without_cuda_is_one_clear_error():
     with pytest.raises(ValueError, match="trainer.cuda_graphs=true needs CUDA"):
         Trainer(_model(), TrainerConfig(), LossConfig(), OptimConfig(), total_steps=1, cuda_graphs=True)
+
+
+def test_a_capture_that_fails_warns_once_and_trains_on_eagerly():
+    def broken(fn, pool):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    model = _model()
+    graphs = FlatGraphs(_decoder(model), pad_multiple=16, capture=broken)
+    batch = pack_samples(train_samples(300, [13, 9, 21]), row_tokens=64)
+    want, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
+    with pytest.warns(UserWarning, match="failed \\(operation not permitted when stream is capturing\\)"):
+        got, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
+    got, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)  # no new warning
+    assert graphs.capture is None and graphs.counts == {"eager": 3, "captured": 0, "replayed": 0}
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
