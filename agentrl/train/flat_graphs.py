@@ -189,6 +189,11 @@ class _Entry:
         self.holder = holder
         self.forward = capture(forward, pool)
         self.backward = capture(backward, pool)
+        if holder.hidden is not None:
+            # Keep the output's memory, not its autograd graph: a live graph keeps the parameters' gradient
+            # accumulators alive, created on the capture stream, and the next capture or eager backward through them
+            # syncs with that stream (which invalidates a capture).
+            holder.hidden = holder.hidden.detach()
 
     def load(self, inputs: FlatInputs) -> None:
         for dst, src in zip(self.static.tensors(), inputs.tensors()):

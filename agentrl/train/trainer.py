@@ -111,6 +111,9 @@ class Trainer:
             loss.backward()
             loss_sum = loss_sum + loss.detach()
             pending.append(metrics)
+            # Nothing of this micro-batch's autograd graph may live into the next one's forward: a CUDA graph
+            # captured there must create the parameters' gradient accumulators on its own stream (flat_graphs).
+            del logprobs, entropy, loss
         loss_total = float(loss_sum)
         metrics_rows = [m.resolve() for m in pending]
         with guard():
