@@ -240,10 +240,12 @@ def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=No
     except Exception as exc:  # one variant failing (e.g. to compile) must not hide the rest of the table
         model.zero_grad(set_to_none=True)
         return {"name": name, "error": f"{type(exc).__name__}: {exc}"[:200]}
+    # Reserved counts what allocated misses: a CUDA graph's memory pool, filled at its capture (in the warm-up).
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+    reserved = torch.cuda.max_memory_reserved() / 2**30 if torch.cuda.is_available() else 0.0
     flops = flops_per_step(model, batch)
     trained_tokens = trained_tokens or batch.num_tokens
-    return {"name": name, "seconds": seconds, "tok_s": trained_tokens / seconds,
+    return {"name": name, "seconds": seconds, "tok_s": trained_tokens / seconds, "reserved_gib": reserved,
             "mfu": flops / seconds / PEAK_FLOPS, "peak_gib": peak, "compiled_frames": compiled}
 
 
@@ -441,14 +443,14 @@ def main():
     if check:
         print(check)
     width = max([36] + [len(r["name"]) + 1 for r in rows])
-    print(f"{'path':<{width}} {'s/step':>8} {'tok/s':>9} {'MFU':>7} {'peak GiB':>9}")
+    print(f"{'path':<{width}} {'s/step':>8} {'tok/s':>9} {'MFU':>7} {'peak GiB':>9} {'reserved':>9}")
     for r in rows:
         if "error" in r:
             print(f"{r['name']:<{width}} {r['error']}")
             continue
         recompiled = f"  ({r['compiled_frames']} frames compiled in the timed steps)" if r["compiled_frames"] else ""
         print(f"{r['name']:<{width}} {r['seconds']:>8.3f} {r['tok_s']:>9,.0f} {r['mfu']:>6.1%} "
-              f"{r['peak_gib']:>9.1f}{recompiled}")
+              f"{r['peak_gib']:>9.1f} {r['reserved_gib']:>9.1f}{recompiled}")
 
 
 if __name__ == "__main__":

@@ -175,6 +175,7 @@ class Steps:
     trained_s: list = field(default_factory=list)  # agentrl: seconds of the trainer's step (optimizer included)
     packed_s: list = field(default_factory=list)  # agentrl: seconds of packing the step's batch, before the above
     rest_s: list = field(default_factory=list)  # agentrl: the step's seconds less its wait, packing and trainer step
+    captured: list = field(default_factory=list)  # agentrl: CUDA graphs the trainer captured in the step
     peak_gib: float | None = None
     error: str | None = None
 
@@ -219,6 +220,7 @@ def run_agentrl(cfg: TrainConfig, steps: Steps) -> None:
         steps.trained_s.append(m["train_seconds"])
         steps.packed_s.append(m.get("pack_seconds", 0.0))
         steps.rest_s.append(m["seconds"] - m["wait_seconds"] - m["train_seconds"] - m.get("pack_seconds", 0.0))
+        steps.captured.append(m.get("flat_graphs_captured", 0))
 
 
 def plain_model_dir(name: str, tmp: Path) -> Path:
@@ -324,6 +326,12 @@ def render(args, results: list[Steps], rows: list, unmatched: list, header: list
                          f"{statistics.median(s.trained_s[skip:]):.3f} s, median packing "
                          f"{statistics.median(s.packed_s[skip:]):.3f} s, median rest of the step "
                          f"{statistics.median(s.rest_s[skip:]):.3f} s.")
+    lines += ["", "Seconds per step: " + "; ".join(f"{s.name} [{', '.join(f'{v:.3f}' for v in s.seconds)}]"
+                                                  for s in results if s.seconds)]
+    captures = [f"{s.name}: steps {[i + 1 for i, c in enumerate(s.captured) if c]}" for s in results if any(s.captured)]
+    if captures:
+        lines.append("Steps in which the trainer captured CUDA graphs (a bucket's second micro-batch): "
+                     + "; ".join(captures))
     lines += ["", "Reward per step: " + "; ".join(f"{s.name} [{', '.join(f'{v:.2f}' for v in s.reward)}]"
                                                  for s in results if s.reward)]
     trl = [(s.summary(args.warmup_steps)["s/step"], s.name) for s in results
