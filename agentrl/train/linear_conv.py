@@ -24,8 +24,10 @@ import sys
 
 import torch
 
-_CU_SEQLENS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("agentrl_conv_cu_seqlens",
-                                                                                 default=None)
+# The active boundaries and the row's length, read on the host once per forward: a read per layer (int(cu[-1]))
+# would make the host wait for the device at every linear-attention layer.
+_CU_SEQLENS: contextvars.ContextVar[tuple[torch.Tensor, int] | None] = contextvars.ContextVar(
+    "agentrl_conv_cu_seqlens", default=None)
 _MARK = "_agentrl_boundary_conv"
 _REFERENCE_RULE = "_agentrl_reference_delta_rule"  # set on a model's linear-attention layers
 _RULE = "torch_chunk_gated_delta_rule"  # the name transformers' gated delta nets call their chunked rule by
@@ -40,10 +42,11 @@ def spread_index(cu_seqlens: torch.Tensor, length: int, gap: int) -> torch.Tenso
 
 def _boundary_conv(conv):
     def conv_within_samples(hidden_states: torch.Tensor, weight, bias=None, activation=None, **kwargs):
-        cu = _CU_SEQLENS.get()
+        active = _CU_SEQLENS.get()
         batch, channels, length = hidden_states.shape
-        if cu is None or batch != 1 or int(cu[-1]) != length:
+        if active is None or batch != 1 or active[1] != length:
             return conv(hidden_states, weight, bias, activation, **kwargs)
+        cu = active[0]
         gap = weight.shape[-1] - 1
         index = spread_index(cu, length, gap)
         spread = hidden_states.new_zeros(1, channels, length + (cu.numel() - 1) * gap)
@@ -61,7 +64,8 @@ def _segmented_rule(rule):
 
     def rule_within_samples(query, key, value, g, beta, cu_seqlens=None, initial_state=None,
                             output_final_state=False, **kwargs):
-        cu = cu_seqlens if cu_seqlens is not None else _CU_SEQLENS.get()
+        active = _CU_SEQLENS.get()
+        cu = cu_seqlens if cu_seqlens is not None else (active[0] if active is not None else None)
         if cu is None or query.shape[0] != 1 or initial_state is not None or output_final_state:
             return rule(query, key, value, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
                         output_final_state=output_final_state, **kwargs)
@@ -94,9 +98,10 @@ def _modeling_modules(model) -> list:
 
 
 @contextlib.contextmanager
-def packed_conv_boundaries(model, cu_seqlens: torch.Tensor):
+def packed_conv_boundaries(model, cu_seqlens: torch.Tensor, length: int | None = None):
     """While active, the linear-attention convolutions of `model` stay within the samples `cu_seqlens` bounds
-    (the cumulative boundaries of one flat row, `[0, n1, n1 + n2, ..., length]`)."""
+    (the cumulative boundaries of one flat row, `[0, n1, n1 + n2, ..., length]`). `length`: the row's length where
+    the caller knows it on the host (else it is read from `cu_seqlens`, one wait for the device)."""
     patched = []
     reference = any(getattr(layer, _REFERENCE_RULE, False) for layer in model.modules())
     for module in _modeling_modules(model):
@@ -106,7 +111,7 @@ def packed_conv_boundaries(model, cu_seqlens: torch.Tensor):
         if reference and hasattr(module, _RULE) and not getattr(getattr(module, _RULE), _MARK, False):
             patched.append((module, _RULE, getattr(module, _RULE)))
             setattr(module, _RULE, _segmented_rule(getattr(module, _RULE)))
-    token = _CU_SEQLENS.set(cu_seqlens)
+    token = _CU_SEQLENS.set((cu_seqlens, int(cu_seqlens[-1]) if length is None else length))
     try:
         yield
     finally:

@@ -153,7 +153,7 @@ def _flat_hidden_states(decoder, batch: PackedBatch, pad_multiple: int,
     pos = batch.position_ids.reshape(-1)[layout.index]
     inputs = FlatInputs(*padded_row(ids, pos, layout.length), layout.cu_seqlens, layout.cu_seqlens, layout.max_len,
                         layout.max_len)
-    with _linear_boundaries(decoder, layout.cu_seqlens):
+    with _linear_boundaries(decoder, layout.cu_seqlens, layout.length):
         hidden = flat_forward(decoder, inputs, graphs)
     return hidden[:layout.index.shape[0]], layout
 
@@ -172,15 +172,15 @@ def _varlen_hidden_states(decoder, batch: PackedBatch) -> torch.Tensor:
     n_rows, width = batch.input_ids.shape
     cu = batch.flat_cu_seqlens().to(batch.input_ids.device)
     max_len = int((cu[1:] - cu[:-1]).max())
-    with _linear_boundaries(decoder, cu):
+    with _linear_boundaries(decoder, cu, n_rows * width):
         out = decoder(input_ids=batch.input_ids.reshape(1, -1), position_ids=batch.position_ids.reshape(1, -1),
                       use_cache=False, **_boundaries(cu, max_len))
     return out.last_hidden_state.reshape(n_rows, width, -1)
 
 
-def _linear_boundaries(decoder, cu_seqlens: torch.Tensor):
+def _linear_boundaries(decoder, cu_seqlens: torch.Tensor, length: int):
     """Hybrid models: their linear-attention convolutions kept within the samples (`linear_conv`)."""
-    return packed_conv_boundaries(decoder, cu_seqlens) if is_hybrid(decoder) else contextlib.nullcontext()
+    return packed_conv_boundaries(decoder, cu_seqlens, length) if is_hybrid(decoder) else contextlib.nullcontext()
 
 
 def _per_sample_hidden_states(decoder, batch: PackedBatch) -> torch.Tensor:

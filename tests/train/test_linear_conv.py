@@ -44,6 +44,30 @@ def test_the_packed_convolution_equals_each_sample_alone(hybrid):
     assert (leaky - alone).abs().max() > 1e-3
 
 
+def test_the_packed_convolution_waits_for_nothing_on_the_host(hybrid):
+    """Each linear-attention layer's convolution runs with the row's length given on the host: no read of the
+    boundaries from the device per layer (on a GPU, a read waits for every kernel queued before it)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Reads.count += func.overloadpacket.__name__ == "_local_scalar_dense"
+            return func(*args, **(kwargs or {}))
+
+    layer = _gdn(hybrid)
+    modeling = sys.modules[type(layer).__module__]
+    weight, bias = layer.conv1d.weight.squeeze(1), layer.conv1d.bias
+    cu = torch.tensor([0, 7, 12, 13, 16], dtype=torch.int32)
+    x = torch.randn(1, weight.shape[0], 16)
+    with packed_conv_boundaries(hybrid, cu, 16):
+        with Reads():
+            for _ in range(3):  # as three layers would
+                modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
+    assert Reads.count == 0
+
+
 def _delta_rule_within_samples(rule):
     # Stands in for flash-linear-attention's kernel, which honours cu_seqlens (the torch fallback does not).
     def within(query, key, value, g, beta, cu_seqlens=None, **kwargs):
@@ -63,7 +87,7 @@ def test_packed_varlen_forward_equals_per_sample_with_the_boundary_conv(hybrid, 
                         _delta_rule_within_samples(modeling.torch_chunk_gated_delta_rule))
     monkeypatch.setattr(logprobs, "varlen_kernels_installed", lambda: True)
     if not boundaries:
-        monkeypatch.setattr(logprobs, "packed_conv_boundaries", lambda model, cu: contextlib.nullcontext())
+        monkeypatch.setattr(logprobs, "packed_conv_boundaries", lambda model, cu, length: contextlib.nullcontext())
     error = logprobs.packing_error(hybrid, hybrid_varlen=True)
     relative = logprobs.packing_error(hybrid, hybrid_varlen=True, relative=True)
     if boundaries:
