@@ -3,13 +3,15 @@
 is measured on its own.
 
 Model: SmolLM2-135M's shape (`benchmarks/train_step.py`), bf16 on CUDA (fp32 on the CPU), trainer built as
-`agentrl train` builds it with default options (compiled decoder layers on CUDA). Each step takes 8 groups of 8
+`agentrl train` builds it with default options (compiled decoder layers and their CUDA graphs on CUDA, captured
+with the engine paused). Each step takes 8 groups of 8
 completions (a 320-token prompt per group, <= 128 new tokens, temperature 1.0), as `benchmarks/vs_trl.py`'s step,
 while the engine keeps `--in-flight` rollouts decoding (whole groups are resubmitted as soon as a step takes its
 groups); the update runs under `Engine.pause()` and bumps the policy version, as a run's does.
 
 Rows (`--rows`), each a question about why a trainer step beside the engine is slower than alone:
 - `alone`: the trainer step on such samples, the engine stopped;
+- `generate`: the engine alone, each step's groups taken and not trained on: the floor generation sets;
 - `shared`: the loop as a run has it, one CUDA stream for both threads;
 - `separate`: the engine on its own stream (`engine.separate_stream`): does their GPU queue serialise them?
 - `switch`: one stream, Python's thread switch interval at 0.5 ms instead of 5: does the trainer thread wait for the
@@ -23,7 +25,7 @@ median time the trainer's thread waited for the engine's lock in a step, the eng
 trainer steps per trainer step, and generated tokens/s.
 
 usage: python benchmarks/overlap.py [--steps 10] [--warmup 3] [--in-flight 128] [--rows-per-micro-batch 1]
-                                   [--rows shared,plain,separate,alone,switch,paused]
+                                   [--rows shared,generate,plain,separate,alone,switch,paused]
 CPU smoke: python benchmarks/overlap.py --smoke
 """
 
@@ -120,7 +122,8 @@ class PlainStepLock(StepLock):
         pass
 
 
-def run_loop(model, trainer, separate: bool, args, pause_engine: bool = False, plain_lock: bool = False) -> dict:
+def run_loop(model, trainer, separate: bool, args, pause_engine: bool = False, plain_lock: bool = False,
+             train: bool = True) -> dict:
     from agentrl.engine import Engine, EngineConfig
 
     engine = Engine(model, EngineConfig(max_num_seqs=max(args.in_flight, 1), max_model_len=args.prompt + args.new + 16,
@@ -128,6 +131,8 @@ def run_loop(model, trainer, separate: bool, args, pause_engine: bool = False, p
     if plain_lock:
         engine._lock = PlainStepLock()
     engine.start()
+    if trainer.graphs is not None:  # as the run wires it: the engine paused while the trainer captures a graph
+        trainer.graphs.guard = engine.pause
     rollouts = Rollouts(engine, args.in_flight, model.config.vocab_size, args.new, args.prompt)
 
     @contextlib.contextmanager
@@ -143,9 +148,10 @@ def run_loop(model, trainer, separate: bool, args, pause_engine: bool = False, p
             samples = rollouts.take(GROUPS_PER_STEP)
             before = engine.stats
             t1 = time.perf_counter()
-            with engine.pause() if pause_engine else engine.beside():
-                trainer.step(samples, engine.policy_version, guard=guard)
-                synchronize()
+            if train:
+                with engine.pause() if pause_engine else engine.beside():
+                    trainer.step(samples, engine.policy_version, guard=guard)
+                    synchronize()
             t2 = time.perf_counter()
             after = engine.stats
             seconds.append(t2 - t0)
@@ -195,8 +201,8 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--in-flight", type=int, default=128)
     ap.add_argument("--rows-per-micro-batch", type=int, default=None)
-    ap.add_argument("--rows", default="shared,plain,separate,alone,switch,paused",
-                    help="comma list of alone, shared, plain, separate, switch, paused")
+    ap.add_argument("--rows", default="shared,generate,plain,separate,alone,switch,paused",
+                    help="comma list of alone, generate, shared, plain, separate, switch, paused")
     ap.add_argument("--smoke", action="store_true", help="a tiny model, few tokens: checks the script runs")
     args = ap.parse_args(argv)
     on = device()
@@ -215,6 +221,9 @@ def main(argv=None) -> None:
             label = {"shared": "engine + trainer, one stream", "separate": "engine + trainer, the engine's own stream",
                      "paused": "engine + trainer, the engine paused during each trainer step"}[row]
             rows.append((label, run_loop(model, trainer, row == "separate", args, pause_engine=row == "paused")))
+        elif row == "generate":
+            rows.append(("the engine alone, a step's groups taken and not trained on (generation's floor)",
+                         run_loop(model, trainer, False, args, train=False)))
         elif row == "plain":
             rows.append(("engine + trainer, one stream, the engine's lock without its queue (before)",
                          run_loop(model, trainer, False, args, plain_lock=True)))
@@ -227,7 +236,8 @@ def main(argv=None) -> None:
             finally:
                 sys.setswitchinterval(interval)
         else:
-            raise SystemExit(f"--rows: unknown {row!r}; choose from alone, shared, plain, separate, switch, paused")
+            raise SystemExit(f"--rows: unknown {row!r}; choose from alone, generate, shared, plain, separate, switch, "
+                             "paused")
         m = rows[-1][1]
         print(f"  {rows[-1][0]}: {m['s/step']:.3f} s/step, wait {m['wait']:.3f}, train {m['train']:.3f}", flush=True)
     print(f"\n{GROUPS_PER_STEP} groups x {GROUP} a step, prompt {args.prompt}, <= {args.new} new tokens, "

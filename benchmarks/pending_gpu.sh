@@ -82,6 +82,9 @@ item() {
         --skip-hf --variants default,default-eager --steps 5" ;;
     vs-trl-graphs) TAIL=10 run "$1" 400 python3 benchmarks/vs_trl.py --data "$DATA/gsm8k/train.jsonl" --trl-backends \
         generate --steps 12 --warmup-steps 4 --agentrl-variants "trainer.cuda_graphs=false" --out "$OUT/vs_trl.md" ;;
+    # #16: with the trainer in graphs the RL step waits on generation: the engine's floor beside the trainer's rows
+    overlap-graphs) TAIL=12 run "$1" 300 python3 benchmarks/overlap.py --steps 12 --warmup 4 \
+        --rows generate,shared,paused,alone ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac
 }
