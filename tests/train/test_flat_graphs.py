@@ -228,3 +228,57 @@ def test_a_capture_that_fails_warns_once_and_trains_on_eagerly():
     got, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)  # no new warning
     assert graphs.capture is None and graphs.counts == {"eager": 3, "captured": 0, "replayed": 0}
     torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_captures_run_with_the_background_engine_paused_and_steps_beside_it_otherwise():
+    """As a run wires it: the trainer steps inside `Engine.beside()` while the engine decodes in its thread, and
+    captures under `Engine.pause()` (its guard). No engine step lands inside a capture, none deadlocks, and the
+    engine steps beside the replayed micro-batches."""
+    import threading
+    import time
+
+    from agentrl.engine import Engine, EngineConfig, SamplingParams
+
+    model = _model()
+    engine = Engine(load_model("tiny-qwen3")[0], EngineConfig(max_num_seqs=8, max_model_len=96, seed=0))
+    capturing, launched_in_capture, launched = threading.Event(), [], []
+    launch = engine._launch
+
+    def counted(*args, **kwargs):
+        launched.append(1)
+        launched_in_capture.append(capturing.is_set())
+        return launch(*args, **kwargs)
+
+    engine._launch = counted
+
+    def capture(fn, pool):
+        capturing.set()
+        try:
+            time.sleep(0.3)  # a capture takes a while: long enough for an unguarded engine to step inside it
+            return stand_in_capture(fn, pool)
+        finally:
+            capturing.clear()
+
+    trainer = Trainer(model, TrainerConfig(row_tokens=64, rows_per_micro_batch=1), LossConfig(), OptimConfig(lr=1e-3),
+                      total_steps=4)
+    trainer.pad_multiple = 16
+    trainer.graphs = FlatGraphs(_decoder(model), pad_multiple=16, capture=capture, guard=engine.pause)
+    done = threading.Event()
+    engine.start()
+    try:
+        for k in range(40):
+            engine.submit([3 + k % 7] * 12, SamplingParams(max_new_tokens=48, temperature=1.0, seed=k))
+        def steps():
+            with engine.beside():  # as build.step runs the trainer's step
+                for _ in range(3):
+                    trainer.step(_groups(300), policy_version=3)
+            done.set()
+
+        worker = threading.Thread(target=steps, daemon=True)
+        worker.start()
+        worker.join(timeout=120)
+    finally:
+        engine.stop()
+    assert done.is_set(), "the trainer's steps did not finish beside the engine (a deadlock?)"
+    assert trainer.graphs.counts["captured"] >= 1 and trainer.graphs.counts["replayed"] >= 2
+    assert launched and not any(launched_in_capture)
