@@ -243,8 +243,8 @@ def measure(step, steps: int, device, limit_s: float, smoke: bool) -> dict:
         return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
 
 
-def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool) -> dict:
-    """agentrl's trainer as `agentrl train` builds it on this device."""
+def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool, profile: bool = False) -> dict:
+    """agentrl's trainer as `agentrl train` builds it on this device; `profile`: then one step's kernel table."""
     from agentrl.run.build import _trainable
     from agentrl.train.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.logprobs import packing_error
@@ -265,6 +265,10 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool)
                       total_steps=steps + 2, hybrid_varlen=varlen)
     rows = len(trainer.pack(samples).rows)
     result = measure(lambda: trainer.step(samples, policy_version=0), steps, device, limit_s, smoke)
+    if profile and "error" not in result:
+        from benchmarks.train_step import print_profile
+
+        print_profile("(a) agentrl trainer", lambda *_: trainer.step(samples, policy_version=0), model, None, None)
     if compiled:  # the transformers rows run eager layers
         for module in model.modules():
             module.__dict__.pop("_compiled_call_impl", None)
@@ -299,15 +303,15 @@ def hf_row(model, samples, steps: int, device, limit_s: float, smoke: bool, refe
 
 
 def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: float, skip_hf: bool, smoke: bool,
-                device) -> tuple[list[str], list[list], list[str]]:
-    """The train-step table: (columns, rows, notes)."""
+                device, profile: bool = False) -> tuple[list[str], list[list], list[str]]:
+    """The train-step table: (columns, rows, notes); `profile`: the kernels of one agentrl step, printed."""
     vocab = model.config.vocab_size
     samples = make_samples(tokens, vocab)
     reference_samples = make_samples(reference_tokens, vocab, seed=1)
     # Only the torch-reference row has a time limit: the others' warm-up steps compile (the chunked head) and
     # autotune (fla, per padded shape), which is set-up rather than a sign of a slow path.
     unlimited = float("inf")
-    paths = [("(a) agentrl trainer", samples, steps, lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke))]
+    paths = [("(a) agentrl trainer", samples, steps, lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, profile))]
     if not skip_hf:
         paths.append(("(b) transformers, full fp32 logits", samples, steps,
                       lambda s, k: hf_row(model, s, k, device, unlimited, smoke, reference=False)))

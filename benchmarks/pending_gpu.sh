@@ -32,9 +32,12 @@ item() {
         --engine-compile --profile ;;
     # #15: the train table with fla's own backward: Triton 3.7.1 shipped in parts (ship_model.py split of its wheel
     # into .gpu-bundle/triton, joined here), installed ahead of the host's 3.6.0 for this item only
-    hybrid-train-triton) mkdir -p /tmp/triton-whl && python3 benchmarks/ship_model.py join .gpu-bundle/triton /tmp/triton-whl >/dev/null && \
-        python3 -m pip install -q --no-index --no-deps --target /tmp/site-triton /tmp/triton-whl/*.whl && \
-        TAIL=25 run "$1" 300 env PYTHONPATH="/tmp/site-triton:$PYTHONPATH" python3 benchmarks/hybrid.py --parts train --quick ;;
+    # (TRITON_PARTS: where the carried parts were gathered, one transfer each; 18:19 UTC: 11.0% MFU, with the profile
+    # of one step now)
+    hybrid-train-triton) mkdir -p /tmp/triton-whl && python3 benchmarks/ship_model.py join "${TRITON_PARTS:-.gpu-bundle/triton}" \
+        /tmp/triton-whl >/dev/null && python3 -m pip install -q --no-index --no-deps --target /tmp/site-triton \
+        /tmp/triton-whl/*.whl && TAIL=25 run "$1" 360 env PYTHONPATH="/tmp/site-triton:$PYTHONPATH" python3 \
+        benchmarks/hybrid.py --parts train --quick --train-profile ;;
     # #16: why the trainer's step is 2-4x slower beside the engine: the rows that tell GIL, GPU queue and overlap apart
     overlap) TAIL=12 run "$1" 200 python3 benchmarks/overlap.py --steps 10 --warmup 3 ;;
     # the two GPU tests written and not yet run (the engine's own stream inside pause(); the compiled hybrid engine's
