@@ -33,8 +33,8 @@ the table says so. `--smoke` runs every part on a tiny Qwen3.5-like model on the
 script runs, no figure); there any error ends the run, on the GPU a failing part is reported and the next one runs.
 
 usage: python benchmarks/hybrid.py [--quick] [--skip-hf] [--parts decode,prefill,train] [--tokens 25000]
-                                   [--steps 3] [--budget 300] [--smoke]
-                                   [--step-times] [--cprofile] [--profile] [--train-profile] [--engine-compile] [--passes 2]
+                                   [--steps 3] [--budget 300] [--smoke] [--step-times] [--cprofile] [--profile]
+                                   [--train-profile] [--engine-compile] [--passes 2]
 """
 
 from __future__ import annotations

@@ -311,7 +311,8 @@ def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: 
     # Only the torch-reference row has a time limit: the others' warm-up steps compile (the chunked head) and
     # autotune (fla, per padded shape), which is set-up rather than a sign of a slow path.
     unlimited = float("inf")
-    paths = [("(a) agentrl trainer", samples, steps, lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, profile))]
+    paths = [("(a) agentrl trainer", samples, steps,
+              lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, profile))]
     if not skip_hf:
         paths.append(("(b) transformers, full fp32 logits", samples, steps,
                       lambda s, k: hf_row(model, s, k, device, unlimited, smoke, reference=False)))
