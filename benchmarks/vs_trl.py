@@ -15,7 +15,7 @@ transformers' continuous batching.
 usage: python benchmarks/vs_trl.py [--model smollm2-135m-instruct] [--data ../shared/data/gsm8k/train.jsonl]
            [--steps 10] [--warmup-steps 2] [--prompts 8] [--completions 8] [--max-new-tokens 128]
            [--trl-backends generate,continuous_batching] [--trl-micro-batch N] [--out table.md]
-           [--agentrl-variants "rollout.rollouts_in_flight=64;trainer.row_tokens=8192,..."]
+           [--agentrl-variants "rollout.rollouts_in_flight=64;trainer.row_tokens=8192,..."] [--again]
 CPU smoke: python benchmarks/vs_trl.py --model tiny-qwen3 --steps 2 --prompts 2 --completions 2 --max-new-tokens 8
 """
 
@@ -55,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--agentrl-variants", default="",
                    help="more agentrl rows, ';'-separated, each a ','-separated list of key=value overrides of the "
                         "default config (what a default would gain by changing)")
+    p.add_argument("--again", action="store_true",
+                   help="the default row once more after the variants: what being the process's first row costs")
     return p.parse_args(argv)
 
 
@@ -368,6 +370,9 @@ def main(argv=None) -> int:
             overrides = ["--" + o.strip().removeprefix("--") for o in variant.split(",") if o.strip()]
             other = agentrl_config(args, str(tmp / f"agentrl-{i}"), overrides)
             results.append(measured(lambda s: run_agentrl(other, s), f"agentrl {' '.join(overrides)}"))
+        if args.again:
+            again = agentrl_config(args, str(tmp / "agentrl-again"))
+            results.append(measured(lambda s: run_agentrl(again, s), "agentrl, default options again"))
         for backend in backends:
             options = {**kwargs, **BACKENDS[backend]}
             results.append(measured(lambda s: run_trl(cfg, options, model_dir, str(tmp / f"trl-{backend}"), s),
