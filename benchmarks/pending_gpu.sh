@@ -84,9 +84,10 @@ item() {
         --skip-hf --variants default,default-eager --steps 5 && python3 benchmarks/train_step.py --model-shape qwen3-0.6b \
         --skip-hf --variants default,default-eager --steps 5" ;;
     # the step waits on generation now; the engine's view compiled (opt-in in training since the old stall) fuses its
-    # ≈ 30 kernels a layer of a decode step (a CPU count: ≈ 1,000 a SmolLM2 decode step) into a few
+    # ≈ 30 kernels a layer of a decode step (a CPU count: ≈ 1,000 a SmolLM2 decode step) into a few, and twice the
+    # rollouts in flight put twice the sequences into each decode step of a launch-bound small model
     vs-trl-graphs) TAIL=10 run "$1" 580 python3 benchmarks/vs_trl.py --data "$DATA/gsm8k/train.jsonl" --trl-backends \
-        generate --steps 12 --warmup-steps 4 --agentrl-variants "trainer.cuda_graphs=false;engine.compile=true" \
+        generate --steps 12 --warmup-steps 4 --agentrl-variants "trainer.cuda_graphs=false;engine.compile=true;rollout.rollouts_in_flight=256" \
         --again --out "$OUT/vs_trl.md" ;;
     # #16: with the trainer in graphs the RL step waits on generation: the engine's floor beside the trainer's rows
     overlap-graphs) TAIL=12 run "$1" 300 python3 benchmarks/overlap.py --steps 12 --warmup 4 \

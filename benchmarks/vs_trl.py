@@ -384,8 +384,9 @@ def main(argv=None) -> int:
               f"torch {torch.__version__}, {device})", "",
               f"{cfg.model.name} on {cfg.env.name} ({cfg.env.data or 'built-in data'}): {args.prompts} prompts × "
               f"{args.completions} completions a step, ≤ {args.max_new_tokens} new tokens, temperature "
-              f"{args.temperature}, lr {args.lr}, {args.steps} steps, medians and rates over {measured_steps}. Tokens/s: the measured steps' completion (generated) or prompt + "
-              f"completion (trained) tokens over their wall time. Prompt ids identical in both systems: "
+              f"{args.temperature}, lr {args.lr}, {args.steps} steps, medians and rates over {measured_steps}. "
+              f"Tokens/s: the measured steps' completion (generated) or prompt + completion (trained) tokens over "
+              f"their wall time. Prompt ids identical in both systems: "
               f"{'yes' if same_prompt else 'NO'}."]
     text = render(args, results, rows, unmatched, header)
     print(text)

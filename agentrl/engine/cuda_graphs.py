@@ -337,7 +337,8 @@ class MixedGraphs(_GraphSet):
     def bucket(self, tokens: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, tokens)]
 
-    def run(self, batch, extra: dict, previous: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def run(self, batch, extra: dict,
+            previous: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """As `DecodeGraphs.run`, for a step of any mix."""
         host = layout_step(batch, self.page_size)
         tokens, n, sampled = host.parts["ids"].size, len(batch), host.parts["rows"].size

@@ -92,7 +92,8 @@ def load_trainable_policy(cfg: ModelConfig, device: str):
 
 
 def _load(cfg: ModelConfig, device: str):
-    dtype = (torch.bfloat16 if device == "cuda" else torch.float32) if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+    auto = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = auto if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
     return models.load_model(cfg.name, dtype=dtype, device=device)
 
 
