@@ -5,9 +5,10 @@ its delta rule. In a packed row, the first `kernel - 1` positions of a sample wo
 before it. flash-linear-attention's delta rule takes the boundaries (`cu_seqlens`), but transformers calls its
 convolution through `causal_conv1d_fn`, whose PyTorch fallback (used whenever the `causal-conv1d` package is absent)
 ignores them, and the package's own kernel takes `seq_idx`, not `cu_seqlens`. So while a packed forward runs,
-`packed_conv_boundaries` replaces that function in the model's modeling module with one that spreads the samples
-apart by `kernel - 1` zeros, runs the original convolution, and gathers the real positions back: each output then
-reads only its own sample (and zeros before it, as a sample run alone does), whatever kernel computes it.
+`packed_conv_boundaries` replaces that function in the model's modeling module with one that keeps each output
+within its own sample (reading zeros before it, as a sample run alone does): on CUDA with flash-linear-attention,
+that package's varlen convolution, which takes `cu_seqlens`; elsewhere, the original convolution over the samples
+spread apart by `kernel - 1` zeros, the real positions gathered back.
 
 Where flash-linear-attention's delta rule cannot train (its backward refuses some Triton and GPU combinations;
 the run finds out before its first step), `use_reference_delta_rule` marks the model so that the same context
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib.util
 import inspect
 import sys
 
@@ -40,6 +42,18 @@ def spread_index(cu_seqlens: torch.Tensor, length: int, gap: int) -> torch.Tenso
     return torch.arange(length, device=bounds.device) + (segment + 1) * gap
 
 
+def varlen_conv():
+    """flash-linear-attention's causal convolution over `cu_seqlens` (Triton, forward and backward), or None where
+    the package is absent."""
+    if importlib.util.find_spec("fla") is None:
+        return None
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d
+    except ImportError:
+        return None
+    return causal_conv1d
+
+
 def _boundary_conv(conv):
     def conv_within_samples(hidden_states: torch.Tensor, weight, bias=None, activation=None, **kwargs):
         active = _CU_SEQLENS.get()
@@ -47,6 +61,13 @@ def _boundary_conv(conv):
         if active is None or batch != 1 or active[1] != length:
             return conv(hidden_states, weight, bias, activation, **kwargs)
         cu = active[0]
+        fla_conv = varlen_conv() if hidden_states.is_cuda else None
+        if fla_conv is not None:
+            # The samples' own kernel: no spreading, and a Triton backward rather than cuDNN's depthwise one.
+            # `hidden_states` is [1, D, T] as the layer lays it out: a transposed view of [1, T, D].
+            out, _ = fla_conv(hidden_states.transpose(1, 2), weight, bias, activation=activation,
+                              cu_seqlens=cu.to(torch.int32))
+            return out.transpose(1, 2)
         gap = weight.shape[-1] - 1
         index = spread_index(cu, length, gap)
         spread = hidden_states.new_zeros(1, channels, length + (cu.numel() - 1) * gap)

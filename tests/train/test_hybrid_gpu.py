@@ -151,3 +151,34 @@ def test_train_tiny_qwen35_three_default_steps_on_the_packed_varlen_path(tmp_pat
     assert len(trainers) == 1 and trainers[0].hybrid_varlen is True
     assert routes and set(routes) <= {"_flat_hidden_states", "_varlen_hidden_states"}, routes
     assert len(engines) == 1 and engines[0].kernels is not None and layouts
+
+
+def test_the_packed_convolution_is_flas_varlen_kernel_and_equals_each_sample_alone(monkeypatch):
+    """On CUDA the packed rows' causal convolution is flash-linear-attention's varlen kernel (no spreading), and it
+    gives each sample's own convolution and gradients (fp32, cuDNN without tf32)."""
+    import sys
+
+    from agentrl.train import linear_conv
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    model = trainable(torch.float32)
+    layer = next(m for m in model.modules() if hasattr(m, "conv1d") and hasattr(m, "in_proj_qkv"))
+    modeling = sys.modules[type(layer).__module__]
+    calls = []
+    kernel = linear_conv.varlen_conv()
+    monkeypatch.setattr(linear_conv, "varlen_conv", lambda: lambda *a, **k: (calls.append(1), kernel(*a, **k))[1])
+    weight, bias = layer.conv1d.weight.squeeze(1), layer.conv1d.bias
+    lengths = [70, 1, 33, 150, 3]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    x = torch.randn(1, sum(lengths), weight.shape[0], device="cuda").transpose(1, 2).requires_grad_()
+    grad = torch.randn(1, weight.shape[0], sum(lengths), device="cuda")
+    with linear_conv.packed_conv_boundaries(model, cu, sum(lengths)):
+        got = modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
+    assert calls == [1]
+    want = torch.cat([modeling.causal_conv1d_fn(part, weight, bias, activation=layer.activation)
+                      for part in x.split(lengths, dim=-1)], dim=-1)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    got_grads = torch.autograd.grad(got, (x, weight, bias), grad)
+    want_grads = torch.autograd.grad(want, (x, weight, bias), grad)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
