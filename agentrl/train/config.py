@@ -158,7 +158,8 @@ class TrainerConfig:
     rows_per_micro_batch: int | None = None
     # Compute each rollout group's common prefix (the prompt, and any history its members share) once instead of
     # once per member (agentrl.train.prefix_pack); exact, and applied only where the forward supports it (dense
-    # full-attention models under sdpa, eager, flex_attention or the varlen kernel). false: unshared packing.
+    # full-attention models under sdpa, eager, flex_attention or the varlen kernel; hybrid models under the varlen
+    # kernel, each suffix resuming its prefix's recurrent state). false: unshared packing.
     share_prefix: bool = True
     # Replay each micro-batch's decoder forward and backward from CUDA graphs, one pair per shape bucket
     # (agentrl.train.flat_graphs): two launches where a small model's step launches thousands of kernels, each of

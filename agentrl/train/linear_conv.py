@@ -23,13 +23,35 @@ import contextvars
 import importlib.util
 import inspect
 import sys
+from dataclasses import dataclass
 
 import torch
 
-# The active boundaries and the row's length, read on the host once per forward: a read per layer (int(cu[-1]))
-# would make the host wait for the device at every linear-attention layer.
-_CU_SEQLENS: contextvars.ContextVar[tuple[torch.Tensor, int] | None] = contextvars.ContextVar(
-    "agentrl_conv_cu_seqlens", default=None)
+@dataclass
+class _Tree:
+    """A prefix-shared row (`prefix_forward`): which sequences continue another (a suffix its group's prefix), laid
+    out for the two layers that carry state along the sequence, built once per forward on the host."""
+
+    index: torch.Tensor  # conv: each token's place in the spread row (sequences apart, a history slot before each)
+    history_dst: torch.Tensor  # conv: the history slots a suffix takes from its prefix's last tokens ...
+    history_src: torch.Tensor  # ... and those tokens
+    spread: int  # conv: the spread row's length
+    roots: torch.Tensor  # rule: tokens of sequences without a parent (prefixes, unshared samples, padding)
+    cu_roots: torch.Tensor
+    children: torch.Tensor  # rule: tokens of suffixes, which start from their prefix's final state
+    cu_children: torch.Tensor
+    parent: torch.Tensor  # rule: for each suffix, its prefix's place among the roots
+    bounds: tuple[list[int], list[int]]  # host boundaries of roots and children (the reference rule's loop)
+
+
+@dataclass
+class _Active:
+    cu: torch.Tensor
+    length: int  # read on the host once per forward: a read per layer (int(cu[-1])) waits for the device each time
+    tree: _Tree | None = None
+
+
+_CU_SEQLENS: contextvars.ContextVar[_Active | None] = contextvars.ContextVar("agentrl_conv_cu_seqlens", default=None)
 _MARK = "_agentrl_boundary_conv"
 _REFERENCE_RULE = "_agentrl_reference_delta_rule"  # set on a model's linear-attention layers
 _RULE = "torch_chunk_gated_delta_rule"  # the name transformers' gated delta nets call their chunked rule by
@@ -58,9 +80,14 @@ def _boundary_conv(conv):
     def conv_within_samples(hidden_states: torch.Tensor, weight, bias=None, activation=None, **kwargs):
         active = _CU_SEQLENS.get()
         batch, channels, length = hidden_states.shape
-        if active is None or batch != 1 or active[1] != length:
+        if active is None or batch != 1 or active.length != length:
             return conv(hidden_states, weight, bias, activation, **kwargs)
-        cu = active[0]
+        cu, tree = active.cu, active.tree
+        if tree is not None:  # a suffix's window reaches back into its prefix's last tokens, as unshared
+            spread = hidden_states.new_zeros(1, channels, tree.spread)
+            spread[..., tree.index] = hidden_states
+            spread[..., tree.history_dst] = hidden_states[..., tree.history_src]
+            return conv(spread, weight, bias, activation, **kwargs)[..., tree.index]
         fla_conv = varlen_conv() if hidden_states.is_cuda else None
         if fla_conv is not None:
             # The samples' own kernel: no spreading, and a Triton backward rather than cuDNN's depthwise one.
@@ -78,23 +105,58 @@ def _boundary_conv(conv):
     return conv_within_samples
 
 
-def _segmented_rule(rule):
-    """The PyTorch reference of `rule` run once per sample of `cu_seqlens`, from zero state (no final state: the
-    training forward keeps none)."""
+def _per_segment(reference, query, key, value, g, beta, bounds: list[int], initial_state=None, **kwargs):
+    """`reference` (one sequence at a time, transformers' PyTorch rule) over each segment of `bounds`, each from
+    its row of `initial_state` (zeros without); returns the outputs laid end to end and the final states."""
+    outs, finals = [], []
+    for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        init = initial_state[j:j + 1] if initial_state is not None else None
+        if b == a:  # an empty segment keeps its state
+            finals.append(init[0] if init is not None else None)
+            continue
+        out, final = reference(query[:, a:b], key[:, a:b], value[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
+                               initial_state=init, output_final_state=True, **kwargs)
+        outs.append(out)
+        finals.append(final[0])
+    ref = next(f for f in finals if f is not None) if any(f is not None for f in finals) else None
+    finals = [f if f is not None else torch.zeros_like(ref) for f in finals] if ref is not None else []
+    return torch.cat(outs, dim=1), (torch.stack(finals) if finals else None)
+
+
+def _segmented_rule(rule, reference_rule: bool):
+    """The chunked delta rule of a packed row: sample by sample through the PyTorch reference (`reference_rule`,
+    where the varlen kernels cannot train), or through `rule` itself (flash-linear-attention's, which takes
+    boundaries and per-sequence states). In a prefix-shared row each suffix starts from its prefix's final state:
+    the prefixes run first, then the suffixes."""
     reference = inspect.unwrap(rule)
+
+    def run(query, key, value, g, beta, cu, bounds, initial_state, kwargs):
+        if reference_rule:
+            return _per_segment(reference, query, key, value, g, beta, bounds, initial_state, **kwargs)
+        return rule(query, key, value, g=g, beta=beta, cu_seqlens=cu, initial_state=initial_state,
+                    output_final_state=True, **kwargs)
 
     def rule_within_samples(query, key, value, g, beta, cu_seqlens=None, initial_state=None,
                             output_final_state=False, **kwargs):
         active = _CU_SEQLENS.get()
-        cu = cu_seqlens if cu_seqlens is not None else (active[0] if active is not None else None)
+        cu = cu_seqlens if cu_seqlens is not None else (active.cu if active is not None else None)
         if cu is None or query.shape[0] != 1 or initial_state is not None or output_final_state:
             return rule(query, key, value, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
                         output_final_state=output_final_state, **kwargs)
-        kwargs = {k: v for k, v in kwargs.items() if k in ("chunk_size", "use_qk_l2norm_in_kernel")}
-        bounds = cu.tolist()
-        outs = [reference(query[:, a:b], key[:, a:b], value[:, a:b], g=g[:, a:b], beta=beta[:, a:b], **kwargs)[0]
-                for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-        return torch.cat(outs, dim=1), None
+        if reference_rule:
+            kwargs = {k: v for k, v in kwargs.items() if k in ("chunk_size", "use_qk_l2norm_in_kernel")}
+        tree = active.tree if active is not None else None
+        if tree is None:
+            return run(query, key, value, g, beta, cu, cu.tolist() if reference_rule else None, None, kwargs)[0], None
+        pick = [lambda t, idx=idx: t.index_select(1, idx) for idx in (tree.roots, tree.children)]
+        parts = [[p(t) for t in (query, key, value, g, beta)] for p in pick]
+        out_roots, finals = run(*parts[0], tree.cu_roots, tree.bounds[0], None, kwargs)
+        out = query.new_zeros(*value.shape[:2], *out_roots.shape[2:]).index_copy(1, tree.roots, out_roots)
+        if tree.children.numel():
+            out_children, _ = run(*parts[1], tree.cu_children, tree.bounds[1], finals.index_select(0, tree.parent),
+                                  kwargs)
+            out = out.index_copy(1, tree.children, out_children)
+        return out, None
 
     setattr(rule_within_samples, _MARK, True)
     return rule_within_samples
@@ -118,21 +180,62 @@ def _modeling_modules(model) -> list:
     return found
 
 
+def tree_supported(model) -> bool:
+    """Whether `model`'s linear-attention layers are ones `packed_conv_boundaries(tree=...)` can share a prefix in
+    (their modeling module exposes the convolution and the chunked rule it patches)."""
+    modules = _modeling_modules(model)
+    return bool(modules) and all(hasattr(m, _RULE) for m in modules)
+
+
+def _tree(lengths: list[int], parents: list[int], gap: int, device) -> _Tree:
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    index, dst, src, roots, children, parent = [], [], [], [], [], []
+    root_of = {}
+    cu_roots, cu_children, at = [0], [0], 0
+    for j, (n, p) in enumerate(zip(lengths, parents)):
+        at += gap  # the history slots before sequence j
+        if p >= 0:  # filled from the parent's last tokens, right-aligned; zeros where the parent is shorter
+            take = min(gap, lengths[p])
+            dst += range(at - take, at)
+            src += range(starts[p] + lengths[p] - take, starts[p] + lengths[p])
+            children += range(starts[j], starts[j] + n)
+            cu_children.append(cu_children[-1] + n)
+            parent.append(root_of[p])
+        else:
+            root_of[j] = len(cu_roots) - 1
+            roots += range(starts[j], starts[j] + n)
+            cu_roots.append(cu_roots[-1] + n)
+        index += range(at, at + n)
+        at += n
+    long = [torch.tensor(x, dtype=torch.long) for x in (index, dst, src, roots, children, parent)]
+    ints = [torch.tensor(x, dtype=torch.int32) for x in (cu_roots, cu_children)]
+    moved = [t.to(device, non_blocking=True) for t in long + ints]
+    return _Tree(*moved[:3], at, *moved[3:4], moved[6], moved[4], moved[7], moved[5], (cu_roots, cu_children))
+
+
 @contextlib.contextmanager
-def packed_conv_boundaries(model, cu_seqlens: torch.Tensor, length: int | None = None):
+def packed_conv_boundaries(model, cu_seqlens: torch.Tensor, length: int | None = None,
+                           tree: tuple[list[int], list[int]] | None = None):
     """While active, the linear-attention convolutions of `model` stay within the samples `cu_seqlens` bounds
     (the cumulative boundaries of one flat row, `[0, n1, n1 + n2, ..., length]`). `length`: the row's length where
-    the caller knows it on the host (else it is read from `cu_seqlens`, one wait for the device)."""
+    the caller knows it on the host (else it is read from `cu_seqlens`, one wait for the device). `tree`: a
+    prefix-shared row's sequence lengths and each one's parent (-1 for none): a suffix then continues its prefix's
+    convolution window and recurrent state, as it would unshared."""
     patched = []
     reference = any(getattr(layer, _REFERENCE_RULE, False) for layer in model.modules())
     for module in _modeling_modules(model):
         if not getattr(module.causal_conv1d_fn, _MARK, False):
             patched.append((module, "causal_conv1d_fn", module.causal_conv1d_fn))
             module.causal_conv1d_fn = _boundary_conv(module.causal_conv1d_fn)
-        if reference and hasattr(module, _RULE) and not getattr(getattr(module, _RULE), _MARK, False):
+        if (reference or tree is not None) and hasattr(module, _RULE) and not getattr(getattr(module, _RULE),
+                                                                                       _MARK, False):
             patched.append((module, _RULE, getattr(module, _RULE)))
-            setattr(module, _RULE, _segmented_rule(getattr(module, _RULE)))
-    token = _CU_SEQLENS.set((cu_seqlens, int(cu_seqlens[-1]) if length is None else length))
+            setattr(module, _RULE, _segmented_rule(getattr(module, _RULE), reference))
+    gap = max((layer.conv1d.weight.shape[-1] - 1 for layer in model.modules() if hasattr(layer, "conv1d")), default=0)
+    shared = _tree(*tree, gap, cu_seqlens.device) if tree is not None else None
+    token = _CU_SEQLENS.set(_Active(cu_seqlens, int(cu_seqlens[-1]) if length is None else length, shared))
     try:
         yield
     finally:

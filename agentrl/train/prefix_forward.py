@@ -13,9 +13,11 @@ to a sibling suffix. How that mask reaches the attention depends on the implemen
   queries (flash attention's convention), lets suffix token j see the prefix and suffix tokens 0..j. The prefix's
   keys are read once per suffix (the attention work of unshared packing for those queries); its projections and
   MLPs, most of a layer, run once.
-Hybrid (linear-attention) models are not shared: their recurrent layers would need the prefix's final state fed
-into every branch (future work), so the trainer packs them unshared. Neither are models with sliding-window
-layers, whose second mask transformers would build from positions alone.
+Hybrid (linear-attention) models share on the flat layout: their recurrent layers run the prefixes first, and
+each suffix starts from its prefix's final state and convolution window (`linear_conv.packed_conv_boundaries` with
+`tree`), which is what the suffix sees unshared after its own copy of the prefix. On the row layout (sdpa, CPU) they
+are packed unshared. Models with sliding-window layers are not shared: transformers would build their second mask
+from positions alone.
 
 The lm_head then runs on the head rows (each distinct (position, target) once) and the loss entries gather their
 logprob and entropy from them, so a shared prefix position trained for several members gets each member's
@@ -24,11 +26,14 @@ gradient through that gather, summed, exactly as unshared packing sums it over t
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 
 import torch
 
 from agentrl.train.flat_graphs import FlatGraphs, FlatInputs, Plan, RoundUp, boundaries, flat_forward
+from agentrl.train.linear_conv import packed_conv_boundaries, tree_supported
 from agentrl.train.logprobs import _check_attention, _decoder, chunked_logprobs, is_hybrid, lm_head_weight, padded_row
 from agentrl.train.prefix_pack import SharedBatch
 from agentrl.train.varlen_attention import KV_INDEX, takes_flat_layout
@@ -38,10 +43,14 @@ TREE_MASK_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 
 def prefix_sharing_unsupported(model) -> str | None:
     """Why `model` must be trained on unshared packing, or None when the prefix-shared forward applies."""
-    if is_hybrid(model):
-        return "hybrid (linear-attention) layers would need the prefix's recurrent state in every branch"
     layer_types = getattr(model.config, "layer_types", None) or ()
-    if any(t != "full_attention" for t in layer_types):
+    if is_hybrid(model):
+        if not takes_flat_layout(model):
+            return ("hybrid (linear-attention) layers share a prefix on the flat layout only (the varlen kernels), "
+                    "where each suffix starts from its prefix's recurrent state")
+        if not tree_supported(model):
+            return "these linear-attention layers' convolution and delta rule cannot be given a prefix's state"
+    if any(t not in ("full_attention", "linear_attention") for t in layer_types):
         return f"layer types {sorted(set(layer_types))}: only full-attention layers take the tree mask"
     impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
     if impl not in TREE_MASK_IMPLEMENTATIONS and not takes_flat_layout(model):
@@ -87,6 +96,8 @@ class TreeFlatLayout:
     max_q: int
     max_k: int
     length: int  # N rounded up to the pad multiple
+    q_lens: list[int] | None = None  # host: each query sequence's length ...
+    parents: list[int] | None = None  # ... and the sequence it continues (a suffix: its prefix), or -1
 
 
 def tree_flat_layout(batch: SharedBatch, pad_multiple: int = 1, padding: Plan | None = None) -> TreeFlatLayout:
@@ -94,18 +105,21 @@ def tree_flat_layout(batch: SharedBatch, pad_multiple: int = 1, padding: Plan | 
     row is padded (`flat_graphs`; default: the length rounded up to `pad_multiple`, the padding one segment)."""
     padding = padding or RoundUp(pad_multiple)
     width = batch.input_ids.shape[1]
-    q_lens, kv_spans = [], []  # per query sequence: its length and its key spans (flat start, length)
+    q_lens, kv_spans, parents = [], [], []  # per query sequence: its length, key spans (flat start, length), parent
     base = 0
     for units, fill in zip(batch.units, batch.row_tokens):
         for unit in units:
             prefix = (base + unit.start, unit.prefix_len)
+            parent = len(q_lens) if unit.prefix_len else -1
             if unit.prefix_len:
                 q_lens.append(unit.prefix_len)
                 kv_spans.append([prefix])
+                parents.append(-1)
             for offset, n in unit.suffixes():
                 if n:
                     q_lens.append(n)
                     kv_spans.append([prefix, (base + offset, n)] if unit.prefix_len else [(base + offset, n)])
+                    parents.append(parent)
         base += fill
     real = base
     k_lens = [sum(n for _, n in spans) for spans in kv_spans]
@@ -115,6 +129,7 @@ def tree_flat_layout(batch: SharedBatch, pad_multiple: int = 1, padding: Plan | 
         q_lens.append(n)
         k_lens.append(n)
         kv_spans.append([(start, n)])
+        parents.append(-1)
         start += n
     index = torch.cat([r * width + torch.arange(fill) for r, fill in enumerate(batch.row_tokens)])
     kv_index = torch.cat([torch.arange(s, s + n) for spans in kv_spans for s, n in spans])
@@ -130,7 +145,9 @@ def tree_flat_layout(batch: SharedBatch, pad_multiple: int = 1, padding: Plan | 
         host = host.pin_memory()
     moved = host.to(device, non_blocking=True).split([p.numel() for p in parts])
     return TreeFlatLayout(index=moved[0], cu_q=moved[1].int(), cu_k=moved[2].int(), kv_index=moved[3],
-                          head_rows=moved[4], max_q=plan.max_q, max_k=plan.max_k, length=plan.length)
+                          head_rows=moved[4], max_q=plan.max_q, max_k=plan.max_k, length=plan.length,
+                          q_lens=q_lens + [0] * (plan.segments - len(q_lens)),
+                          parents=parents + [-1] * (plan.segments - len(parents)))
 
 
 def shared_head_hidden(model, batch: SharedBatch, pad_multiple: int = 1,
@@ -148,7 +165,9 @@ def shared_head_hidden(model, batch: SharedBatch, pad_multiple: int = 1,
         pos = batch.position_ids.reshape(-1)[layout.index]
         inputs = FlatInputs(*padded_row(ids, pos, layout.length), layout.cu_q, layout.cu_k, layout.max_q,
                             layout.max_k, layout.kv_index)
-        return flat_forward(decoder, inputs, graphs)[layout.head_rows]
+        with (packed_conv_boundaries(decoder, layout.cu_q, layout.length, tree=(layout.q_lens, layout.parents))
+              if is_hybrid(model) else contextlib.nullcontext()):
+            return flat_forward(decoder, inputs, graphs)[layout.head_rows]
     impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
     if impl == "flex_attention":
         mask = tree_block_mask(batch)
@@ -205,7 +224,8 @@ def prefix_sharing_error(model, *, seed: int = 0) -> float:
     model.eval()  # dropout, were there any, would differ between the two forwards
     try:
         with torch.no_grad():
-            reference = packed_hidden_states(model, unshared).reshape(-1, model.config.hidden_size)
+            reference = packed_hidden_states(model, unshared, hybrid_varlen=is_hybrid(model)).reshape(
+                -1, model.config.hidden_size)
             got = _all_hidden(model, shared)
     finally:
         model.train(training)
