@@ -25,8 +25,10 @@ item() {
     hybrid-tests) TAIL=12 run "$1" 240 python3 -m pytest -m gpu tests/engine/test_triton_delta_rule.py \
         tests/engine/test_engine_hybrid_varlen.py tests/train/test_hybrid_gpu.py tests/engine/test_engine_hybrid_graphs.py \
         -q -rA --tb=short -p no:cacheprovider -p no:warnings ;;
-    # #15: the packed rows' conv through fla's varlen kernel (new, not yet run on a GPU), alone: quick
-    hybrid-conv) TAIL=12 run "$1" 150 python3 -m pytest -m gpu tests/train/test_hybrid_gpu.py -k convolution -q -rA \
+    # #15/#16: the packed rows' conv through fla's varlen kernel and prefix-shared hybrid rows (both new, not yet run
+    # on a GPU), alone: quick
+    hybrid-conv) TAIL=12 run "$1" 200 python3 -m pytest -m gpu tests/train/test_hybrid_gpu.py -k "convolution or prefix" \
+        -q -rA \
         --tb=short -p no:cacheprovider -p no:warnings ;;
     hybrid-host) TAIL=30 run "$1" 200 python3 benchmarks/hybrid_host_cpu.py --device cuda --seqs 64 --steps 48 ;;
     hybrid-decode) TAIL=25 run "$1" 240 python3 benchmarks/hybrid.py --parts decode,prefill --step-times ;;

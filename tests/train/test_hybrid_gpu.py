@@ -182,3 +182,14 @@ def test_the_packed_convolution_is_flas_varlen_kernel_and_equals_each_sample_alo
     want_grads = torch.autograd.grad(want, (x, weight, bias), grad)
     for a, b in zip(got_grads, want_grads):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_prefix_shared_rows_resume_each_prefix_state_through_fla():
+    """bf16 on the flat layout: a group's suffixes start from their prefix's state in fla's kernels (per-sequence
+    initial states) and the trainer's check finds the shared forward within bf16 rounding of unshared packing (its
+    limit is 0.05; a suffix started from zero state is off by O(1)), so a run shares the prefixes."""
+    from agentrl.train.prefix_forward import prefix_sharing_error, prefix_sharing_unsupported
+
+    model = trainable(torch.bfloat16)
+    assert prefix_sharing_unsupported(model) is None
+    assert prefix_sharing_error(model) < 0.02
