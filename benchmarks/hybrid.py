@@ -34,7 +34,7 @@ script runs, no figure); there any error ends the run, on the GPU a failing part
 
 usage: python benchmarks/hybrid.py [--quick] [--skip-hf] [--parts decode,prefill,train] [--tokens 25000]
                                    [--steps 3] [--budget 300] [--smoke] [--step-times] [--cprofile] [--profile]
-                                   [--train-profile] [--engine-compile] [--passes 2]
+                                   [--train-profile] [--train-groups] [--engine-compile] [--passes 2]
 """
 
 from __future__ import annotations
@@ -372,7 +372,8 @@ def prefill_part(model, sizes: Sizes, report: Report, device) -> None:
 
 def train_part(model, sizes: Sizes, args, report: Report, device) -> None:
     columns, rows, notes = train_table(model, sizes.train_tokens, sizes.reference_tokens, sizes.steps, sizes.limit_s,
-                                       args.skip_hf, args.smoke, device, profile=args.train_profile)
+                                       args.skip_hf, args.smoke, device, profile=args.train_profile,
+                                       groups=args.train_groups)
     report.table("Hybrid train step: agentrl trainer vs transformers", columns, rows, notes)
 
 
@@ -389,6 +390,8 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny model, CPU, fp32: checks the script runs")
     ap.add_argument("--profile", action="store_true", help="also print the kernels of a few decode steps")
     ap.add_argument("--train-profile", action="store_true", help="train: also print the kernels of one agentrl step")
+    ap.add_argument("--train-groups", action="store_true",
+                    help="train: hotpotqa_search-shaped groups sharing a prompt, and the trainer unshared as a row")
     ap.add_argument("--passes", type=int, default=2,
                     help="decode: timed passes of new prompts after the warm-up; the last is the table's row")
     ap.add_argument("--engine-compile", action="store_true",

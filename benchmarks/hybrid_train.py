@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from agentrl.train.pack import TrainableTokens
-from benchmarks.train_step import PEAK_FLOPS, make_samples
+from benchmarks.train_step import PEAK_FLOPS, make_group_samples, make_samples
 
 ROW_TOKENS = 8192  # agentrl's default row budget; the padded baselines' micro-batch budget too
 # transformers' entry points for the delta net's kernels, in the modeling module of Qwen3.5 (and Qwen3-Next):
@@ -243,8 +243,10 @@ def measure(step, steps: int, device, limit_s: float, smoke: bool) -> dict:
         return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
 
 
-def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool, profile: bool = False) -> dict:
-    """agentrl's trainer as `agentrl train` builds it on this device; `profile`: then one step's kernel table."""
+def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool, profile: bool = False,
+                share: bool = True) -> dict:
+    """agentrl's trainer as `agentrl train` builds it on this device; `profile`: then one step's kernel table;
+    `share=False`: `trainer.share_prefix=false`."""
     from agentrl.run.build import _trainable
     from agentrl.train.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.logprobs import packing_error
@@ -261,9 +263,11 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     if compiled:
         compile_decoder_layers(model, activation_memory_budget=model_cfg.activation_memory_budget,
                                **getattr(build, "TRAINER_COMPILE", {}))
-    trainer = Trainer(model, TrainerConfig(row_tokens=ROW_TOKENS), LossConfig(), OptimConfig(),
+    trainer = Trainer(model, TrainerConfig(row_tokens=ROW_TOKENS, share_prefix=share), LossConfig(), OptimConfig(),
                       total_steps=steps + 2, hybrid_varlen=varlen)
-    rows = len(trainer.pack(samples).rows)
+    packed = trainer.pack(samples)  # also the trainer's one-time check of prefix sharing, as its first step runs it
+    rows = len(packed.rows) if hasattr(packed, "rows") else packed.input_ids.shape[0]
+    computed = f", {packed.num_tokens:,} tokens computed" if packed.num_tokens != sum(len(x) for x in samples) else ""
     result = measure(lambda: trainer.step(samples, policy_version=0), steps, device, limit_s, smoke)
     if profile and "error" not in result:
         from benchmarks.train_step import print_profile
@@ -272,7 +276,8 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     if compiled:  # the transformers rows run eager layers
         for module in model.modules():
             module.__dict__.pop("_compiled_call_impl", None)
-    layout = (f"{rows} packed row(s) of <= {ROW_TOKENS}, flat varlen (boundary check error {error:.1e})" if varlen
+    layout = (f"{rows} packed row(s) of <= {ROW_TOKENS}{computed}, flat varlen (boundary check error {error:.1e})"
+              if varlen
               else f"{rows} packed row(s) of <= {ROW_TOKENS}, each sample run on its own"
               + (" (varlen kernels refused by the boundary check)" if device.type == "cuda" else ""))
     attention = model.config._attn_implementation
@@ -303,16 +308,20 @@ def hf_row(model, samples, steps: int, device, limit_s: float, smoke: bool, refe
 
 
 def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: float, skip_hf: bool, smoke: bool,
-                device, profile: bool = False) -> tuple[list[str], list[list], list[str]]:
-    """The train-step table: (columns, rows, notes); `profile`: the kernels of one agentrl step, printed."""
+                device, profile: bool = False, groups: bool = False) -> tuple[list[str], list[list], list[str]]:
+    """The train-step table: (columns, rows, notes); `profile`: the kernels of one agentrl step, printed; `groups`:
+    hotpotqa_search-shaped groups sharing a prompt, with a row for the trainer packing them unshared."""
     vocab = model.config.vocab_size
-    samples = make_samples(tokens, vocab)
+    samples = make_group_samples(tokens, vocab) if groups else make_samples(tokens, vocab)
     reference_samples = make_samples(reference_tokens, vocab, seed=1)
     # Only the torch-reference row has a time limit: the others' warm-up steps compile (the chunked head) and
     # autotune (fla, per padded shape), which is set-up rather than a sign of a slow path.
     unlimited = float("inf")
     paths = [("(a) agentrl trainer", samples, steps,
               lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, profile))]
+    if groups:
+        paths.append(("(a') agentrl trainer, `trainer.share_prefix=false`", samples, steps,
+                      lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, share=False)))
     if not skip_hf:
         paths.append(("(b) transformers, full fp32 logits", samples, steps,
                       lambda s, k: hf_row(model, s, k, device, unlimited, smoke, reference=False)))
