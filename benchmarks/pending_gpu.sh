@@ -94,7 +94,8 @@ item() {
     train-step-profile) TAIL=40 run "$1" 200 python3 benchmarks/train_step.py --model-shape smollm2 --skip-hf \
         --variants default --steps 5 --profile ;;
     # the step waits on generation now; the engine's view compiled (opt-in in training since the old stall) fuses its
-    # ≈ 30 kernels a layer of a decode step (a CPU count: ≈ 1,000 a SmolLM2 decode step) into a few, and twice the
+    # ≈ 44 kernel-launching ops a layer of a decode step (`benchmarks/decode_ops.py` on the CPU: 1,329 a SmolLM2
+    # decode step) into a few, and twice the
     # rollouts in flight put twice the sequences into each decode step of a launch-bound small model
     vs-trl-graphs) TAIL=10 run "$1" 580 python3 benchmarks/vs_trl.py --data "$DATA/gsm8k/train.jsonl" --trl-backends \
         generate --steps 12 --warmup-steps 4 --agentrl-variants "trainer.cuda_graphs=false;engine.compile=true;rollout.rollouts_in_flight=256" \
