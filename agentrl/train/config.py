@@ -30,10 +30,10 @@ class ModelConfig:
     # stays eager in training either way unless engine.compile asks. None (resolved by agentrl.run.build.
     # compile_layers): on for CUDA runs of dense models, where the step is bound by launching dozens of small
     # kernels a layer; off on CPU (nothing launch-bound to gain, and inductor would need a C++ toolchain), for
-    # hybrid models (their packed forward puts a new convolution function in the modeling module for every forward,
-    # agentrl.train.linear_conv, which compiled layers would recompile for), under tensor parallelism (the split
-    # layers run hooks around each module) and in deterministic runs (compiled kernels are tuned on the first
-    # shapes seen, which differ between a straight run and a resumed one).
+    # hybrid models (not yet measured on a GPU: their convolution and delta rule run as graph breaks,
+    # agentrl.train.linear_conv, and compiled they keep their graphs across packed forwards on the CPU), under
+    # tensor parallelism (the split layers run hooks around each module) and in deterministic runs (compiled
+    # kernels are tuned on the first shapes seen, which differ between a straight run and a resumed one).
     compile_layers: bool | None = None
     # With compile_layers: the activation memory budget (0, 1] of each compiled layer's forward/backward split;
     # below 1 the partitioner recomputes the cheapest activations in the backward instead of saving them.

@@ -49,10 +49,10 @@ class _Active:
     cu: torch.Tensor
     length: int  # read on the host once per forward: a read per layer (int(cu[-1])) waits for the device each time
     tree: _Tree | None = None
+    reference: bool = False  # the delta rule through transformers' PyTorch reference (`use_reference_delta_rule`)
 
 
 _CU_SEQLENS: contextvars.ContextVar[_Active | None] = contextvars.ContextVar("agentrl_conv_cu_seqlens", default=None)
-_MARK = "_agentrl_boundary_conv"
 _REFERENCE_RULE = "_agentrl_reference_delta_rule"  # set on a model's linear-attention layers
 _RULE = "torch_chunk_gated_delta_rule"  # the name transformers' gated delta nets call their chunked rule by
 
@@ -77,6 +77,7 @@ def varlen_conv():
 
 
 def _boundary_conv(conv):
+    @torch.compiler.disable  # compiled layers break around it (it reads the forward's boundaries from a context)
     def conv_within_samples(hidden_states: torch.Tensor, weight, bias=None, activation=None, **kwargs):
         active = _CU_SEQLENS.get()
         batch, channels, length = hidden_states.shape
@@ -101,7 +102,6 @@ def _boundary_conv(conv):
         spread[..., index] = hidden_states
         return conv(spread, weight, bias, activation, **kwargs)[..., index]
 
-    setattr(conv_within_samples, _MARK, True)
     return conv_within_samples
 
 
@@ -123,42 +123,43 @@ def _per_segment(reference, query, key, value, g, beta, bounds: list[int], initi
     return torch.cat(outs, dim=1), (torch.stack(finals) if finals else None)
 
 
-def _segmented_rule(rule, reference_rule: bool):
-    """The chunked delta rule of a packed row: sample by sample through the PyTorch reference (`reference_rule`,
-    where the varlen kernels cannot train), or through `rule` itself (flash-linear-attention's, which takes
-    boundaries and per-sequence states). In a prefix-shared row each suffix starts from its prefix's final state:
-    the prefixes run first, then the suffixes."""
+def _segmented_rule(rule):
+    """The chunked delta rule of a packed row: sample by sample through the PyTorch reference (where the varlen
+    kernels cannot train), or through `rule` itself (flash-linear-attention's, which takes boundaries and
+    per-sequence states). In a prefix-shared row each suffix starts from its prefix's final state: the prefixes run
+    first, then the suffixes. Outside a packed forward that needs either, `rule` as it is."""
     reference = inspect.unwrap(rule)
 
-    def run(query, key, value, g, beta, cu, bounds, initial_state, kwargs):
+    def run(query, key, value, g, beta, cu, bounds, initial_state, kwargs, reference_rule):
         if reference_rule:
             return _per_segment(reference, query, key, value, g, beta, bounds, initial_state, **kwargs)
         return rule(query, key, value, g=g, beta=beta, cu_seqlens=cu, initial_state=initial_state,
                     output_final_state=True, **kwargs)
 
+    @torch.compiler.disable  # compiled layers break around it, as around the convolution
     def rule_within_samples(query, key, value, g, beta, cu_seqlens=None, initial_state=None,
                             output_final_state=False, **kwargs):
         active = _CU_SEQLENS.get()
+        needed = active is not None and (active.reference or active.tree is not None)
         cu = cu_seqlens if cu_seqlens is not None else (active.cu if active is not None else None)
-        if cu is None or query.shape[0] != 1 or initial_state is not None or output_final_state:
+        if not needed or cu is None or query.shape[0] != 1 or initial_state is not None or output_final_state:
             return rule(query, key, value, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
                         output_final_state=output_final_state, **kwargs)
-        if reference_rule:
+        if active.reference:
             kwargs = {k: v for k, v in kwargs.items() if k in ("chunk_size", "use_qk_l2norm_in_kernel")}
-        tree = active.tree if active is not None else None
+        tree = active.tree
         if tree is None:
-            return run(query, key, value, g, beta, cu, cu.tolist() if reference_rule else None, None, kwargs)[0], None
+            return run(query, key, value, g, beta, cu, cu.tolist(), None, kwargs, True)[0], None
         pick = [lambda t, idx=idx: t.index_select(1, idx) for idx in (tree.roots, tree.children)]
         parts = [[p(t) for t in (query, key, value, g, beta)] for p in pick]
-        out_roots, finals = run(*parts[0], tree.cu_roots, tree.bounds[0], None, kwargs)
+        out_roots, finals = run(*parts[0], tree.cu_roots, tree.bounds[0], None, kwargs, active.reference)
         out = query.new_zeros(*value.shape[:2], *out_roots.shape[2:]).index_copy(1, tree.roots, out_roots)
         if tree.children.numel():
             out_children, _ = run(*parts[1], tree.cu_children, tree.bounds[1], finals.index_select(0, tree.parent),
-                                  kwargs)
+                                  kwargs, active.reference)
             out = out.index_copy(1, tree.children, out_children)
         return out, None
 
-    setattr(rule_within_samples, _MARK, True)
     return rule_within_samples
 
 
@@ -222,23 +223,33 @@ def packed_conv_boundaries(model, cu_seqlens: torch.Tensor, length: int | None =
     (the cumulative boundaries of one flat row, `[0, n1, n1 + n2, ..., length]`). `length`: the row's length where
     the caller knows it on the host (else it is read from `cu_seqlens`, one wait for the device). `tree`: a
     prefix-shared row's sequence lengths and each one's parent (-1 for none): a suffix then continues its prefix's
-    convolution window and recurrent state, as it would unshared."""
-    patched = []
+    convolution window and recurrent state, as it would unshared.
+
+    The modeling module's convolution and chunked rule are wrapped once, for good: outside a packed forward (another
+    thread, the engine, a plain forward) the wrappers call what they wrap, and the same function objects across
+    forwards are what lets compiled layers keep their graphs."""
+    install_wrappers(model)
     reference = any(getattr(layer, _REFERENCE_RULE, False) for layer in model.modules())
-    for module in _modeling_modules(model):
-        if not getattr(module.causal_conv1d_fn, _MARK, False):
-            patched.append((module, "causal_conv1d_fn", module.causal_conv1d_fn))
-            module.causal_conv1d_fn = _boundary_conv(module.causal_conv1d_fn)
-        if (reference or tree is not None) and hasattr(module, _RULE) and not getattr(getattr(module, _RULE),
-                                                                                       _MARK, False):
-            patched.append((module, _RULE, getattr(module, _RULE)))
-            setattr(module, _RULE, _segmented_rule(getattr(module, _RULE), reference))
     gap = max((layer.conv1d.weight.shape[-1] - 1 for layer in model.modules() if hasattr(layer, "conv1d")), default=0)
     shared = _tree(*tree, gap, cu_seqlens.device) if tree is not None else None
-    token = _CU_SEQLENS.set(_Active(cu_seqlens, int(cu_seqlens[-1]) if length is None else length, shared))
+    token = _CU_SEQLENS.set(_Active(cu_seqlens, int(cu_seqlens[-1]) if length is None else length, shared,
+                                    reference))
     try:
         yield
     finally:
         _CU_SEQLENS.reset(token)
-        for module, name, original in reversed(patched):
-            setattr(module, name, original)
+
+
+_INSTALLED: dict[tuple[str, str], object] = {}  # (modeling module, name) -> the wrapper installed there
+
+
+def install_wrappers(model) -> None:
+    """Wrap the convolution and chunked delta rule of `model`'s modeling modules, once: a function found there is
+    wrapped unless it is the wrapper installed before (by identity: a function that wraps ours with
+    `functools.wraps` copies its attributes, so a mark would say "ours" of it)."""
+    for module in _modeling_modules(model):
+        for name, wrap in (("causal_conv1d_fn", _boundary_conv), (_RULE, _segmented_rule)):
+            current = getattr(module, name, None)
+            if current is not None and current is not _INSTALLED.get((module.__name__, name)):
+                _INSTALLED[(module.__name__, name)] = wrapper = wrap(current)
+                setattr(module, name, wrapper)

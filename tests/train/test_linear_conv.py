@@ -38,9 +38,8 @@ def test_the_packed_convolution_equals_each_sample_alone(hybrid):
     with packed_conv_boundaries(hybrid, cu):
         packed = modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
     assert torch.equal(packed, alone)
-    # Outside the context the function is the model's own again, and it reads across the seams.
+    # Outside the context the installed wrapper is the model's own convolution again, reading across the seams.
     leaky = modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
-    assert not getattr(modeling.causal_conv1d_fn, "_agentrl_boundary_conv", False)
     assert (leaky - alone).abs().max() > 1e-3
 
 
@@ -122,3 +121,37 @@ def test_the_reference_delta_rule_keeps_packed_rows_exact_forward_and_backward(m
     assert packed_grads.keys() == alone_grads.keys() and len(packed_grads) > 10
     for name, g in packed_grads.items():
         assert torch.allclose(g, alone_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_compiled_hybrid_layers_keep_their_graphs_across_packed_forwards(monkeypatch):
+    """The convolution and delta-rule wrappers are installed once and run as graph breaks, so a hybrid's compiled
+    layers (a cheap backend here) compile in the first packed forward and not again for rows of other lengths, and
+    give the eager model's hidden states."""
+    import copy
+
+    from agentrl.engine.model_view import compile_decoder_layers
+    from agentrl.train import varlen_attention as va
+    from agentrl.train.linear_conv import use_reference_delta_rule
+    from agentrl.train.logprobs import _synthetic_row, packed_hidden_states
+
+    monkeypatch.setattr(logprobs, "varlen_kernels_installed", lambda: True)
+    eager = load_model("tiny-qwen3.5")[0]
+    eager.set_attn_implementation(va.register("agentrl_varlen_reference", va.reference_kernel))
+    use_reference_delta_rule(eager)
+    compiled = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    frames = torch._dynamo.utils.counters["frames"]
+    compile_decoder_layers(compiled, backend="aot_eager", dynamic=True)
+    per_forward = []
+    try:
+        for k, lengths in enumerate([(9, 70, 3, 33), (12, 5), (40, 41, 7), (66, 2, 2, 9, 20)]):
+            batch = _synthetic_row(eager, lengths, seed=k)
+            before = frames["total"]
+            got = packed_hidden_states(compiled, batch, hybrid_varlen=True)
+            per_forward.append(frames["total"] - before)
+            want = packed_hidden_states(eager, batch, hybrid_varlen=True)
+            real = slice(0, sum(lengths))
+            torch.testing.assert_close(got[0, real], want[0, real], atol=1e-5, rtol=1e-5)
+    finally:
+        torch._dynamo.reset()
+    assert per_forward[0] > 0 and per_forward[2:] == [0, 0], per_forward
