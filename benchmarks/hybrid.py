@@ -34,7 +34,8 @@ script runs, no figure); there any error ends the run, on the GPU a failing part
 
 usage: python benchmarks/hybrid.py [--quick] [--skip-hf] [--parts decode,prefill,train] [--tokens 25000]
                                    [--steps 3] [--budget 300] [--smoke] [--step-times] [--cprofile] [--profile]
-                                   [--train-profile] [--train-groups] [--engine-compile] [--passes 2]
+                                   [--train-profile] [--train-groups] [--train-compile] [--engine-compile]
+                                   [--passes 2]
 """
 
 from __future__ import annotations
@@ -373,7 +374,7 @@ def prefill_part(model, sizes: Sizes, report: Report, device) -> None:
 def train_part(model, sizes: Sizes, args, report: Report, device) -> None:
     columns, rows, notes = train_table(model, sizes.train_tokens, sizes.reference_tokens, sizes.steps, sizes.limit_s,
                                        args.skip_hf, args.smoke, device, profile=args.train_profile,
-                                       groups=args.train_groups)
+                                       groups=args.train_groups, compiled_row=args.train_compile)
     report.table("Hybrid train step: agentrl trainer vs transformers", columns, rows, notes)
 
 
@@ -390,6 +391,8 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny model, CPU, fp32: checks the script runs")
     ap.add_argument("--profile", action="store_true", help="also print the kernels of a few decode steps")
     ap.add_argument("--train-profile", action="store_true", help="train: also print the kernels of one agentrl step")
+    ap.add_argument("--train-compile", action="store_true",
+                    help="train: also a row with the hybrid's decoder layers compiled (opt-in for hybrids)")
     ap.add_argument("--train-groups", action="store_true",
                     help="train: hotpotqa_search-shaped groups sharing a prompt, and the trainer unshared as a row")
     ap.add_argument("--passes", type=int, default=2,

@@ -244,9 +244,9 @@ def measure(step, steps: int, device, limit_s: float, smoke: bool) -> dict:
 
 
 def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool, profile: bool = False,
-                share: bool = True) -> dict:
+                share: bool = True, compile_layers: bool | None = None) -> dict:
     """agentrl's trainer as `agentrl train` builds it on this device; `profile`: then one step's kernel table;
-    `share=False`: `trainer.share_prefix=false`."""
+    `share=False`: `trainer.share_prefix=false`; `compile_layers`: `model.compile_layers` (None: the default)."""
     from agentrl.run.build import _trainable
     from agentrl.train.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.logprobs import packing_error
@@ -255,7 +255,7 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     from agentrl.engine.model_view import compile_decoder_layers
     from agentrl.run import build
 
-    model_cfg = ModelConfig(name="qwen3.5-0.8b-shaped")
+    model_cfg = ModelConfig(name="qwen3.5-0.8b-shaped", compile_layers=compile_layers)
     _, _, varlen = _trainable(model_cfg, model, None, device.type)
     error = packing_error(model, hybrid_varlen=True) if varlen else None
     # Compiled layers where `agentrl train` would compile them (its default leaves hybrid models eager).
@@ -308,7 +308,8 @@ def hf_row(model, samples, steps: int, device, limit_s: float, smoke: bool, refe
 
 
 def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: float, skip_hf: bool, smoke: bool,
-                device, profile: bool = False, groups: bool = False) -> tuple[list[str], list[list], list[str]]:
+                device, profile: bool = False, groups: bool = False,
+                compiled_row: bool = False) -> tuple[list[str], list[list], list[str]]:
     """The train-step table: (columns, rows, notes); `profile`: the kernels of one agentrl step, printed; `groups`:
     hotpotqa_search-shaped groups sharing a prompt, with a row for the trainer packing them unshared."""
     vocab = model.config.vocab_size
@@ -319,6 +320,9 @@ def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: 
     unlimited = float("inf")
     paths = [("(a) agentrl trainer", samples, steps,
               lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, profile))]
+    if compiled_row and not smoke:  # on the CPU the hybrid takes the per-sample path, whose compiled backward fails
+        paths.append(("(a'') agentrl trainer, `model.compile_layers=true`", samples, steps,
+                      lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, compile_layers=True)))
     if groups:
         paths.append(("(a') agentrl trainer, `trainer.share_prefix=false`", samples, steps,
                       lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, share=False)))

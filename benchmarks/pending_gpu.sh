@@ -42,8 +42,8 @@ item() {
     hybrid-train-triton) mkdir -p /tmp/triton-whl && python3 benchmarks/ship_model.py join "${TRITON_PARTS:-.gpu-bundle/triton}" \
         /tmp/triton-whl >/dev/null && python3 -m pip install -q --no-index --no-deps --target /tmp/site-triton \
         /tmp/triton-whl/*.whl && TAIL=40 run "$1" 560 env PYTHONPATH="/tmp/site-triton:$PYTHONPATH" sh -c \
-        "python3 benchmarks/hybrid.py --parts train --quick --train-profile && python3 benchmarks/hybrid.py --parts \
-        train --quick --train-groups --skip-hf" ;;
+        "python3 benchmarks/hybrid.py --parts train --quick --train-profile --train-compile && python3 \
+        benchmarks/hybrid.py --parts train --quick --train-groups --skip-hf" ;;
     # #16: why the trainer's step is 2-4x slower beside the engine: the rows that tell GIL, GPU queue and overlap apart
     overlap) TAIL=12 run "$1" 200 python3 benchmarks/overlap.py --steps 10 --warmup 3 ;;
     # the two GPU tests written and not yet run (the engine's own stream inside pause(); the compiled hybrid engine's
