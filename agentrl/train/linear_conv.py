@@ -23,6 +23,7 @@ import contextvars
 import importlib.util
 import inspect
 import sys
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -64,10 +65,13 @@ def spread_index(cu_seqlens: torch.Tensor, length: int, gap: int) -> torch.Tenso
     return torch.arange(length, device=bounds.device) + (segment + 1) * gap
 
 
+_VARLEN_CONV_FAILED: list[str] = []  # why flash-linear-attention's convolution failed here, once it has
+
+
 def varlen_conv():
     """flash-linear-attention's causal convolution over `cu_seqlens` (Triton, forward and backward), or None where
-    the package is absent."""
-    if importlib.util.find_spec("fla") is None:
+    the package is absent or its convolution failed once in this process."""
+    if _VARLEN_CONV_FAILED or importlib.util.find_spec("fla") is None:
         return None
     try:
         from fla.modules.causal_conv1d import causal_conv1d
@@ -93,9 +97,15 @@ def _boundary_conv(conv):
         if fla_conv is not None:
             # The samples' own kernel: no spreading, and a Triton backward rather than cuDNN's depthwise one.
             # `hidden_states` is [1, D, T] as the layer lays it out: a transposed view of [1, T, D].
-            out, _ = fla_conv(hidden_states.transpose(1, 2), weight, bias, activation=activation,
-                              cu_seqlens=cu.to(torch.int32))
-            return out.transpose(1, 2)
+            try:
+                out, _ = fla_conv(hidden_states.transpose(1, 2), weight, bias, activation=activation,
+                                  cu_seqlens=cu.to(torch.int32))
+                return out.transpose(1, 2)
+            except Exception as exc:  # another package version's signature, a kernel that fails here: spread
+                _VARLEN_CONV_FAILED.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                warnings.warn(f"flash-linear-attention's varlen convolution failed ({_VARLEN_CONV_FAILED[0]}); "
+                              "packed rows spread their samples apart for transformers' convolution instead",
+                              stacklevel=2)
         gap = weight.shape[-1] - 1
         index = spread_index(cu, length, gap)
         spread = hidden_states.new_zeros(1, channels, length + (cu.numel() - 1) * gap)

@@ -155,3 +155,31 @@ def test_compiled_hybrid_layers_keep_their_graphs_across_packed_forwards(monkeyp
     finally:
         torch._dynamo.reset()
     assert per_forward[0] > 0 and per_forward[2:] == [0, 0], per_forward
+
+
+def test_a_varlen_convolution_that_fails_warns_once_and_the_spread_path_takes_over(hybrid, monkeypatch):
+    """Where flash-linear-attention's convolution fails (another version's signature, a kernel that cannot run),
+    packed rows keep their boundaries through the spread path. The CUDA check is stood in for: the tensor is CPU."""
+    from agentrl.train import linear_conv
+
+    def broken(*args, **kwargs):
+        raise TypeError("causal_conv1d() got an unexpected keyword argument 'cu_seqlens'")
+
+    monkeypatch.setattr(linear_conv, "_VARLEN_CONV_FAILED", [])
+    monkeypatch.setattr(linear_conv, "varlen_conv", lambda: None if linear_conv._VARLEN_CONV_FAILED else broken)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    layer = _gdn(hybrid)
+    modeling = sys.modules[type(layer).__module__]
+    weight, bias = layer.conv1d.weight.squeeze(1), layer.conv1d.bias
+    lengths = [7, 5, 1, 3]
+    cu = torch.tensor([0, 7, 12, 13, 16], dtype=torch.int32)
+    x = torch.randn(1, weight.shape[0], sum(lengths), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="unexpected keyword argument 'cu_seqlens'"), \
+            packed_conv_boundaries(hybrid, cu, 16):
+        first = modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
+    with packed_conv_boundaries(hybrid, cu, 16):
+        second = modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
+    monkeypatch.undo()
+    alone = torch.cat([modeling.causal_conv1d_fn(part, weight, bias, activation=layer.activation)
+                       for part in x.split(lengths, dim=-1)], dim=-1)
+    assert torch.equal(first, alone) and torch.equal(second, alone)
