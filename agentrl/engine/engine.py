@@ -63,6 +63,7 @@ from agentrl.engine.stats import EngineStats
 from agentrl.engine.streams import EngineStream
 from agentrl.engine.step_layout import fill_placeholders, layout_step, step_inputs, upload
 from agentrl.engine.step_lock import StepLock
+from agentrl.engine.stop_strings import StopStrings
 from agentrl.engine.tensor_parallel import TensorParallel
 from agentrl.engine.types import Completion, SamplingParams
 
@@ -99,6 +100,7 @@ class Engine(BackgroundMode):
             compile_decoder_layers(self.view)
         self.linear = LinearStates(self.view, geo, config.max_num_seqs) if geo.linear_layers else None
         self.eos_token_ids = resolve_eos_ids(config, model, tokenizer)
+        self._stop_strings = StopStrings(tokenizer) if tokenizer is not None else None
         self._layer_slot = {layer: i for i, layer in enumerate(geo.attention_layers)}
         page_bytes = KVStorage.bytes_per_page(len(geo.attention_layers), config.page_size, geo.num_kv_heads,
                                               geo.head_dim, self.dtype)
@@ -167,6 +169,8 @@ class Engine(BackgroundMode):
         vocab = self.geometry.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"token ids must lie in [0, {vocab})")
+        if sampling.stop_strings and self._stop_strings is None:
+            raise ValueError("stop_strings need the engine's tokenizer (Engine(..., tokenizer=...))")
         with self._inbox_lock:
             request_id = self._next_id
             self._next_id += 1
@@ -178,6 +182,11 @@ class Engine(BackgroundMode):
     def _sequence(self, request_id: int, ids: list[int], sampling: SamplingParams, callback, seed: int) -> Sequence:
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(self.eos_token_ids))
         return Sequence(request_id, len(ids), ids, sampling, frozenset(stop_ids), callback, seed)
+
+    @property
+    def stops_on_text(self) -> bool:
+        """Whether requests may carry `stop_strings` (the engine has a tokenizer)."""
+        return self._stop_strings is not None
 
     def cancel(self, request_id: int) -> None:
         """Ends the request at the next step; its completion (finish_reason "cancelled") is delivered as usual.
@@ -354,6 +363,9 @@ class Engine(BackgroundMode):
         for stop in seq.params.stop_sequences:
             if 0 < len(stop) <= generated and tuple(seq.tokens[index + 1 - len(stop):index + 1]) == tuple(stop):
                 return "stop"
+        if seq.params.stop_strings and self._stop_strings.hit(seq.tokens, seq.prompt_len, index,
+                                                                seq.params.stop_strings):
+            return "stop"
         if generated >= seq.params.max_new_tokens:
             return "length"
         if index + 1 >= self.max_model_len:

@@ -16,6 +16,8 @@ class SamplingParams:
     seed: int | None = None  # per-request counter-based noise; None draws a seed from the engine's generator
     stop_token_ids: tuple[int, ...] = ()  # single ids that end the request (eos ids are added by the engine)
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # id sequences that end it, e.g. the end of a tool call
+    # Text that ends it however it was tokenized (`stop_strings.py`); needs the engine's tokenizer.
+    stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
 
     def __post_init__(self):
@@ -27,6 +29,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if any(not s for s in self.stop_strings):
+            raise ValueError("stop_strings must not be empty strings")
 
 
 @dataclass

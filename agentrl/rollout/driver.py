@@ -278,8 +278,7 @@ class RolloutDriver:
         c = self.config
         seed = None if self.seed is None else turn_seed(self.seed, *key)
         return SamplingParams(max_new_tokens=budget, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                              seed=seed,
-                              stop_sequences=tuple(map(tuple, self.fmt.stop_sequences)) if c.stop_after_tool_call else ())
+                              seed=seed, **tool_call_stops(self.fmt, self.engine, c.stop_after_tool_call))
 
     async def _rollout(self, group: Group, member: int) -> Group:
         c, env, fmt = self.config, self.env, self.fmt
@@ -350,3 +349,13 @@ class RolloutDriver:
         advantages = group_advantages([t.reward for t in group.trajectories], self.config.advantage)
         for traj, adv in zip(group.trajectories, advantages):
             traj.advantage = adv
+
+
+def tool_call_stops(fmt, engine, enabled: bool) -> dict:
+    """`SamplingParams` fields that end a turn after its tool call (`rollout.stop_after_tool_call`): the end tag
+    as ids, and as text where the engine can decode (a model may write the tag's text in other pieces than the ids,
+    `engine/stop_strings.py`). The driver and `agentrl replay` both take them from here."""
+    if not enabled:
+        return {}
+    text = tuple(fmt.stop_strings) if getattr(engine, "stops_on_text", False) else ()
+    return {"stop_sequences": tuple(map(tuple, fmt.stop_sequences)), "stop_strings": text}

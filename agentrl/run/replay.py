@@ -146,6 +146,7 @@ def _replay_turns(cfg, run_dir: Path, record: dict) -> list[TurnDiff]:
     from agentrl.engine import SamplingParams
     from agentrl.env import load_environment
     from agentrl.run.build import chat_format, default_device, load_policy, make_engine
+    from agentrl.rollout.driver import tool_call_stops
     from agentrl.train.checkpoint import load_checkpoint
 
     env = load_environment(cfg.env.name, **cfg.env.args)
@@ -167,9 +168,9 @@ def _replay_turns(cfg, run_dir: Path, record: dict) -> list[TurnDiff]:
             loaded = {version: engine}
         engine = loaded[version]
         s = record["sampling"]
-        stops = tuple(map(tuple, fmt.stop_sequences)) if s["stop_after_tool_call"] else ()
         params = SamplingParams(max_new_tokens=turn["budget"], temperature=s["temperature"], top_p=s["top_p"],
-                                top_k=s["top_k"], seed=turn["seed"], stop_sequences=stops)
+                                top_k=s["top_k"], seed=turn["seed"],
+                                **tool_call_stops(fmt, engine, s["stop_after_tool_call"]))
         [out] = engine.generate([record["input_ids"][:turn["start"]]], params)
         logged = record["input_ids"][turn["start"]:turn["end"]]
         diffs.append(_diff(index, version, out.token_ids, out.logprobs, turn, logged))
