@@ -69,9 +69,11 @@ item() {
     engine-profile) TAIL=30 run "$1" 150 python3 benchmarks/profile_engine.py ;;
     # #17: the 0.5B model's longer hotpotqa_search run with a stronger search bonus (MODEL: the joined GGUF,
     # carried by benchmarks/ship_model.py); its own call: the evals and 300 s of training take ≈ 8 minutes. Its recipe
-    # spells the tool tags as text (model.tool_tags: text), the form this model copies (BENCHMARKS.md)
+    # spells the tool tags as text (model.tool_tags: text), the form this model copies (BENCHMARKS.md); its turns now
+    # end at the call's end tag, matched as text (the model wrote the tool's response itself before)
     learning) TAIL=30 run "$1" 560 env MODEL="${MODEL:?MODEL=path/to/qwen2.5-coder-0.5b.gguf}" DATA="$DATA" \
-        OUT="$OUT/learning" HOTPOT_TOTAL_SECONDS=545 GSM8K_SECONDS=0 SEARCH_BONUS=0.5 bash benchmarks/qwen05_learning.sh ;;
+        OUT="$OUT/learning" HOTPOT_TOTAL_SECONDS=545 GSM8K_SECONDS=0 SEARCH_BONUS=0.5 STOP_AFTER_CALL=1 \
+        bash benchmarks/qwen05_learning.sh ;;
     # #17: the same recipe on Qwen2.5-Coder-1.5B (MODEL15: its joined GGUF, 18 parts under .gpu-bundle/ship15, one
     # transfer of ≈ 5 s each). 150 s of training lifted held-out F1 by +0.028 [+0.011, +0.046] (BENCHMARKS.md); this
     # gives it what a whole call leaves, with generation beside the trainer again (the capture fix)
