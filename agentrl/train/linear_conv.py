@@ -4,16 +4,22 @@ A hybrid model's gated-delta-net layer runs a depthwise causal convolution (a wi
 its delta rule. In a packed row, the first `kernel - 1` positions of a sample would read the end of the sample
 before it. flash-linear-attention's delta rule takes the boundaries (`cu_seqlens`), but transformers calls its
 convolution through `causal_conv1d_fn`, whose PyTorch fallback (used whenever the `causal-conv1d` package is absent)
-ignores them, and the package's own kernel takes `seq_idx`, not `cu_seqlens`. So while a packed forward runs,
-`packed_conv_boundaries` replaces that function in the model's modeling module with one that keeps each output
-within its own sample (reading zeros before it, as a sample run alone does): on CUDA with flash-linear-attention,
-that package's varlen convolution, which takes `cu_seqlens`; elsewhere, the original convolution over the samples
-spread apart by `kernel - 1` zeros, the real positions gathered back.
+ignores them, and the package's own kernel takes `seq_idx`, not `cu_seqlens`. So the model's modeling module gets
+a wrapper of that function (installed once; outside a packed forward it calls what it wraps), and while a packed
+forward runs (`packed_conv_boundaries`) the wrapper keeps each output within its own sample (reading zeros before
+it, as a sample run alone does): on CUDA with flash-linear-attention, that package's varlen convolution, which takes
+`cu_seqlens`; elsewhere, the original convolution over the samples spread apart by `kernel - 1` zeros, the real
+positions gathered back.
 
-Where flash-linear-attention's delta rule cannot train (its backward refuses some Triton and GPU combinations;
-the run finds out before its first step), `use_reference_delta_rule` marks the model so that the same context
-also replaces the chunked delta rule by transformers' PyTorch reference run sample by sample over `cu_seqlens`:
-the rest of the layer stays packed, and each sample's recurrence starts from zero state as it does alone.
+The chunked delta rule gets a wrapper too, for two cases. Where flash-linear-attention's rule cannot train (its
+backward refuses some Triton and GPU combinations; the run finds out before its first step),
+`use_reference_delta_rule` marks the model, and packed forwards run transformers' PyTorch reference sample by sample
+over `cu_seqlens`: the rest of the layer stays packed, each sample's recurrence starting from zero state as alone.
+And in a prefix-shared row (`tree`, from `prefix_forward`) the prefixes run first and every suffix starts from its
+prefix's final state, its convolution window reaching back into the prefix's last inputs: what it sees unshared.
+
+Both wrappers are graph breaks for compiled layers (`torch.compiler.disable`), and being the same objects across
+forwards, they let compiled hybrid layers keep their graphs.
 """
 
 from __future__ import annotations
