@@ -26,20 +26,30 @@ def test_spread_index_leaves_a_gap_before_every_sample():
     assert spread_index(cu, 6, 2).tolist() == [2, 3, 4, 7, 8, 11]
 
 
-def test_the_packed_convolution_equals_each_sample_alone(hybrid):
+def _conv_case(hybrid):
+    """A layer's convolution as its modeling module calls it, four samples' inputs laid end to end, their boundaries,
+    and each sample convolved alone."""
     layer = _gdn(hybrid)
     modeling = sys.modules[type(layer).__module__]
     weight, bias = layer.conv1d.weight.squeeze(1), layer.conv1d.bias
     lengths = [7, 5, 1, 3]
     cu = torch.tensor([0, 7, 12, 13, 16], dtype=torch.int32)
     x = torch.randn(1, weight.shape[0], sum(lengths), generator=torch.Generator().manual_seed(0))
-    alone = torch.cat([modeling.causal_conv1d_fn(part, weight, bias, activation=layer.activation)
-                       for part in x.split(lengths, dim=-1)], dim=-1)
+
+    def conv(t):
+        return modeling.causal_conv1d_fn(t, weight, bias, activation=layer.activation)
+
+    return conv, x, cu, lambda: torch.cat([conv(part) for part in x.split(lengths, dim=-1)], dim=-1)
+
+
+def test_the_packed_convolution_equals_each_sample_alone(hybrid):
+    conv, x, cu, each_alone = _conv_case(hybrid)
+    alone = each_alone()
     with packed_conv_boundaries(hybrid, cu):
-        packed = modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
+        packed = conv(x)
     assert torch.equal(packed, alone)
     # Outside the context the installed wrapper is the model's own convolution again, reading across the seams.
-    leaky = modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
+    leaky = conv(x)
     assert (leaky - alone).abs().max() > 1e-3
 
 
@@ -55,15 +65,11 @@ def test_the_packed_convolution_waits_for_nothing_on_the_host(hybrid):
             Reads.count += func.overloadpacket.__name__ == "_local_scalar_dense"
             return func(*args, **(kwargs or {}))
 
-    layer = _gdn(hybrid)
-    modeling = sys.modules[type(layer).__module__]
-    weight, bias = layer.conv1d.weight.squeeze(1), layer.conv1d.bias
-    cu = torch.tensor([0, 7, 12, 13, 16], dtype=torch.int32)
-    x = torch.randn(1, weight.shape[0], 16)
+    conv, x, cu, _ = _conv_case(hybrid)
     with packed_conv_boundaries(hybrid, cu, 16):
         with Reads():
             for _ in range(3):  # as three layers would
-                modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
+                conv(x)
     assert Reads.count == 0
 
 
@@ -167,19 +173,13 @@ def test_a_varlen_convolution_that_fails_warns_once_and_the_spread_path_takes_ov
 
     monkeypatch.setattr(linear_conv, "_VARLEN_CONV_FAILED", [])
     monkeypatch.setattr(linear_conv, "varlen_conv", lambda: None if linear_conv._VARLEN_CONV_FAILED else broken)
+    conv, x, cu, each_alone = _conv_case(hybrid)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    layer = _gdn(hybrid)
-    modeling = sys.modules[type(layer).__module__]
-    weight, bias = layer.conv1d.weight.squeeze(1), layer.conv1d.bias
-    lengths = [7, 5, 1, 3]
-    cu = torch.tensor([0, 7, 12, 13, 16], dtype=torch.int32)
-    x = torch.randn(1, weight.shape[0], sum(lengths), generator=torch.Generator().manual_seed(0))
     with pytest.warns(UserWarning, match="unexpected keyword argument 'cu_seqlens'"), \
             packed_conv_boundaries(hybrid, cu, 16):
-        first = modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
+        first = conv(x)
     with packed_conv_boundaries(hybrid, cu, 16):
-        second = modeling.causal_conv1d_fn(x, weight, bias, activation=layer.activation)
+        second = conv(x)
     monkeypatch.undo()
-    alone = torch.cat([modeling.causal_conv1d_fn(part, weight, bias, activation=layer.activation)
-                       for part in x.split(lengths, dim=-1)], dim=-1)
+    alone = each_alone()
     assert torch.equal(first, alone) and torch.equal(second, alone)
