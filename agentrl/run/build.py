@@ -36,7 +36,8 @@ from agentrl.train.linear_conv import use_reference_delta_rule
 from agentrl.train.logprobs import is_hybrid, packed_backward_failure, packing_error, varlen_kernels_installed
 from agentrl.train.optim import retarget_schedule
 from agentrl.train.trainer import Trainer
-from agentrl.train.varlen_attention import ATTN_IMPLEMENTATION, register, takes_flat_layout, varlen_attention_available
+from agentrl.train.varlen_attention import (ATTN_IMPLEMENTATION, register, takes_flat_layout,
+                                            varlen_attention_available)
 
 
 @dataclass
