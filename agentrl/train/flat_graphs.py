@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Callable, ContextManager
@@ -220,15 +221,19 @@ class FlatGraphs:
 
     `capture`: `cuda_capture`, `stand_in_capture`, or None for the padded eager path only. `guard`: a context
     holding every other GPU user off for a capture. `capture_after`: eager micro-batches of a bucket before its
-    capture (the first compiles and tunes what the bucket needs; a capture must not)."""
+    capture (the first compiles and tunes what the bucket needs; a capture must not). `max_graphs`: buckets kept
+    captured, the least recently replayed dropped first (each holds its inputs, output and gradient buffer, tens
+    of MB for a 0.6B model's rows; a dropped bucket that comes back runs eagerly once more, then is captured)."""
 
     def __init__(self, decoder, *, pad_multiple: int = 128, capture: Capture | None = cuda_capture,
-                 guard: Callable[[], ContextManager] = contextlib.nullcontext, capture_after: int = 1):
+                 guard: Callable[[], ContextManager] = contextlib.nullcontext, capture_after: int = 1,
+                 max_graphs: int = 32):
         self.decoder, self.capture, self.guard, self.capture_after = decoder, capture, guard, capture_after
+        self.max_graphs = max_graphs
         self.padding = Buckets(pad_multiple)
         self.params = [p for p in decoder.parameters() if p.requires_grad]
         self.pool = torch.cuda.graph_pool_handle() if capture is cuda_capture else None
-        self._entries: dict[tuple, _Entry] = {}
+        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()  # least recently replayed first
         self._seen: dict[tuple, int] = {}
         self._grads: list[torch.Tensor] | None = None
         # Gives the replay's output a grad_fn.
@@ -243,6 +248,9 @@ class FlatGraphs:
             if self.capture is None or seen <= self.capture_after or not torch.is_grad_enabled():
                 self.counts["eager"] += 1
                 return inputs.run(self.decoder)
+            if len(self._entries) >= self.max_graphs:
+                dropped, _ = self._entries.popitem(last=False)
+                self._seen[dropped] = 0
             try:
                 with self.guard():
                     self._bind_grads()  # the backward graph adds into these tensors: they must be the final ones
@@ -255,6 +263,7 @@ class FlatGraphs:
                 self.counts["eager"] += 1
                 return inputs.run(self.decoder)
             self.counts["captured"] += 1
+        self._entries.move_to_end(key)
         self._bind_grads()
         entry.load(inputs)
         self.counts["replayed"] += 1

@@ -282,3 +282,17 @@ def test_captures_run_with_the_background_engine_paused_and_steps_beside_it_othe
     assert done.is_set(), "the trainer's steps did not finish beside the engine (a deadlock?)"
     assert trainer.graphs.counts["captured"] >= 1 and trainer.graphs.counts["replayed"] >= 2
     assert launched and not any(launched_in_capture)
+
+
+def test_at_most_max_graphs_buckets_stay_captured_and_a_dropped_one_is_captured_again():
+    model = _model()
+    graphs = FlatGraphs(_decoder(model), pad_multiple=16, capture=stand_in_capture, max_graphs=1)
+    eager = FlatGraphs(_decoder(model), pad_multiple=16, capture=None)
+    short, long = (pack_samples(train_samples(300, lengths), row_tokens=64) for lengths in ([13, 9], [30, 21, 9]))
+    for batch in [short, short, long, long, short, short, long]:
+        got, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
+        want, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=eager)
+        assert torch.equal(got, want)
+        assert len(graphs._entries) <= 1
+    # short: eager, captured; long: eager, captured (short dropped); short: eager again, captured; long: eager
+    assert graphs.counts == {"eager": 4, "captured": 3, "replayed": 3}
