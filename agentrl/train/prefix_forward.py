@@ -200,7 +200,9 @@ def prefix_sharing_error(model, *, seed: int = 0) -> float:
 
     A kernel that reads the tree wrongly (a causal mask aligned to the start of the keys rather than their end)
     shows up as an O(1) difference; rounding in bf16 stays two orders below that. Members diverge at different
-    depths, one equals the prefix, and a sample of another group shares the row."""
+    depths, one equals the prefix, and a sample of another group shares the row. A hybrid's shared forward is also
+    run backward once (the suffixes' gradients reach the prefix through its recurrent state, a kernel path the
+    forward does not exercise): a kernel that cannot raises here, before a step relies on it."""
     from agentrl.sample import TrainingSample
     from agentrl.train.logprobs import packed_hidden_states
     from agentrl.train.pack import pack_samples
@@ -227,6 +229,12 @@ def prefix_sharing_error(model, *, seed: int = 0) -> float:
             reference = packed_hidden_states(model, unshared, hybrid_varlen=is_hybrid(model)).reshape(
                 -1, model.config.hidden_size)
             got = _all_hidden(model, shared)
+        if is_hybrid(model):
+            try:
+                _all_hidden(model, shared).float().square().mean().backward()
+            finally:
+                for p in model.parameters():
+                    p.grad = None
     finally:
         model.train(training)
     worst = 0.0

@@ -133,3 +133,35 @@ def test_the_trainer_shares_a_hybrids_prefixes_after_its_check(monkeypatch):
     assert isinstance(trainer.pack(samples), SharedBatch) and trainer.share_prefix
     metrics = trainer.step(samples, policy_version=3)
     assert metrics["prefix_shared_tokens"] > 0.3 * metrics["trained_tokens"]
+
+
+def test_a_shared_backward_that_fails_leaves_the_trainer_on_unshared_packing(monkeypatch):
+    """The trainer's check runs a hybrid's shared forward backward once: a kernel that cannot differentiate through
+    the prefix's state (here: the delta rule refusing a state that needs a gradient) is found before a step."""
+    from agentrl.train import linear_conv
+
+    model = _hybrid(monkeypatch)
+    per_segment = linear_conv._per_segment
+
+    def refusing(reference, query, key, value, g, beta, bounds, initial_state=None, **kwargs):
+        if initial_state is not None and initial_state.requires_grad:
+            class Refuse(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, x):
+                    return x.clone()
+
+                @staticmethod
+                def backward(ctx, grad):
+                    raise RuntimeError("this kernel has no backward for initial states here")
+
+            initial_state = Refuse.apply(initial_state)
+        return per_segment(reference, query, key, value, g, beta, bounds, initial_state, **kwargs)
+
+    monkeypatch.setattr(linear_conv, "_per_segment", refusing)
+    samples = _samples(model.config.vocab_size)
+    trainer = Trainer(model, TrainerConfig(row_tokens=160), LossConfig(), OptimConfig(lr=1e-3), total_steps=1,
+                      hybrid_varlen=True)
+    with pytest.warns(UserWarning, match="no backward for initial states"):
+        batch = trainer.pack(samples)
+    assert not isinstance(batch, SharedBatch) and not trainer.share_prefix
+    assert all(p.grad is None for p in model.parameters())
