@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from types import SimpleNamespace
 from typing import Callable, ContextManager
 
@@ -142,8 +142,8 @@ class FlatInputs:
         return [getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)]
 
     def static_copy(self) -> FlatInputs:
-        return FlatInputs(**{f.name: (v.clone() if isinstance(v, torch.Tensor) else v)
-                             for f in fields(self) for v in [getattr(self, f.name)]})
+        return replace(self, **{f.name: getattr(self, f.name).clone() for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
 
 
 def flat_forward(decoder, inputs: FlatInputs, graphs: FlatGraphs | None) -> torch.Tensor:

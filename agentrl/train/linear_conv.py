@@ -123,20 +123,20 @@ def _boundary_conv(conv):
 
 def _per_segment(reference, query, key, value, g, beta, bounds: list[int], initial_state=None, **kwargs):
     """`reference` (one sequence at a time, transformers' PyTorch rule) over each segment of `bounds`, each from
-    its row of `initial_state` (zeros without); returns the outputs laid end to end and the final states."""
+    its row of `initial_state` (zeros without); returns the outputs laid end to end and the final states (fp32,
+    `[segments, heads, K, V]`: an empty segment's is where it started)."""
+    zero = query.new_zeros(value.shape[2], key.shape[-1], value.shape[-1], dtype=torch.float32)
     outs, finals = [], []
     for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
         init = initial_state[j:j + 1] if initial_state is not None else None
-        if b == a:  # an empty segment keeps its state
-            finals.append(init[0] if init is not None else None)
+        if b == a:
+            finals.append(init[0] if init is not None else zero)
             continue
         out, final = reference(query[:, a:b], key[:, a:b], value[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
                                initial_state=init, output_final_state=True, **kwargs)
         outs.append(out)
         finals.append(final[0])
-    ref = next(f for f in finals if f is not None) if any(f is not None for f in finals) else None
-    finals = [f if f is not None else torch.zeros_like(ref) for f in finals] if ref is not None else []
-    return torch.cat(outs, dim=1), (torch.stack(finals) if finals else None)
+    return torch.cat(outs, dim=1), torch.stack(finals)
 
 
 def _segmented_rule(rule):
@@ -226,10 +226,15 @@ def _tree(lengths: list[int], parents: list[int], gap: int, device) -> _Tree:
             cu_roots.append(cu_roots[-1] + n)
         index += range(at, at + n)
         at += n
-    long = [torch.tensor(x, dtype=torch.long) for x in (index, dst, src, roots, children, parent)]
-    ints = [torch.tensor(x, dtype=torch.int32) for x in (cu_roots, cu_children)]
-    moved = [t.to(device, non_blocking=True) for t in long + ints]
-    return _Tree(*moved[:3], at, *moved[3:4], moved[6], moved[4], moved[7], moved[5], (cu_roots, cu_children))
+    # One copy to the device, from pinned memory on CUDA (a pageable copy waits for everything queued before it).
+    parts = (index, dst, src, roots, cu_roots, children, cu_children, parent)
+    host = torch.tensor([x for part in parts for x in part], dtype=torch.long)
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    moved = host.to(device, non_blocking=True).split([len(part) for part in parts])
+    index, dst, src, roots, cu_roots_d, children, cu_children_d, parent_d = moved
+    return _Tree(index, dst, src, at, roots, cu_roots_d.int(), children, cu_children_d.int(), parent_d,
+                 (cu_roots, cu_children))
 
 
 @contextlib.contextmanager

@@ -139,11 +139,6 @@ def flat_layout(batch: PackedBatch, pad_multiple: int = 1, padding: Plan | None 
                       trained=moved[2] if len(moved) > 2 else None)
 
 
-def _boundaries(cu_seqlens: torch.Tensor, max_len: int) -> dict:
-    """The kwargs transformers forwards to every attention function (and flash-linear-attention layers)."""
-    return dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_len, max_length_k=max_len)
-
-
 def _flat_hidden_states(decoder, batch: PackedBatch, pad_multiple: int,
                         graphs: FlatGraphs | None = None) -> tuple[torch.Tensor, FlatLayout]:
     """Hidden states `[N, H]` of the real tokens, in `layout.index` order, from one flat forward (replayed from
@@ -172,10 +167,9 @@ def _varlen_hidden_states(decoder, batch: PackedBatch) -> torch.Tensor:
     n_rows, width = batch.input_ids.shape
     cu = batch.flat_cu_seqlens().to(batch.input_ids.device)
     max_len = int((cu[1:] - cu[:-1]).max())
+    inputs = FlatInputs(batch.input_ids.reshape(-1), batch.position_ids.reshape(-1), cu, cu, max_len, max_len)
     with _linear_boundaries(decoder, cu, n_rows * width):
-        out = decoder(input_ids=batch.input_ids.reshape(1, -1), position_ids=batch.position_ids.reshape(1, -1),
-                      use_cache=False, **_boundaries(cu, max_len))
-    return out.last_hidden_state.reshape(n_rows, width, -1)
+        return inputs.run(decoder).reshape(n_rows, width, -1)
 
 
 def _linear_boundaries(decoder, cu_seqlens: torch.Tensor, length: int):
@@ -192,9 +186,8 @@ def _per_sample_hidden_states(decoder, batch: PackedBatch) -> torch.Tensor:
             pieces = []
             for _, start, n in segs:
                 cu = torch.tensor([0, n], dtype=torch.int32, device=device)
-                out = decoder(input_ids=batch.input_ids[r:r + 1, start:start + n], use_cache=False,
-                              position_ids=torch.arange(n, device=device)[None], **_boundaries(cu, n))
-                pieces.append(out.last_hidden_state[0])
+                pieces.append(FlatInputs(batch.input_ids[r, start:start + n], torch.arange(n, device=device), cu, cu,
+                                         n, n).run(decoder))
             used = sum(n for _, _, n in segs)
             if used < width:
                 pieces.append(pieces[0].new_zeros(width - used, pieces[0].shape[-1]))
