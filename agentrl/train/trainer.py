@@ -54,7 +54,8 @@ class Trainer:
             if self.device.type != "cuda" or not takes_flat_layout(model) or is_hybrid(model):
                 raise ValueError("trainer.cuda_graphs=true needs CUDA and a dense model under the varlen attention "
                                  f"(here: {self.device.type}, attention {model.config._attn_implementation!r})")
-            self.graphs = FlatGraphs(_decoder(model), pad_multiple=self.pad_multiple, guard=capture_guard)
+            self.graphs = FlatGraphs(_decoder(model), pad_multiple=self.pad_multiple, row_tokens=config.row_tokens,
+                                     guard=capture_guard)
 
     def pack(self, samples: Sequence[TrainingSample]):
         """The step's batch: prefix-shared where enabled and supported, else unshared."""

@@ -49,6 +49,21 @@ def test_buckets_give_few_shapes_with_bounded_padding():
     assert len(lengths) <= 24  # 39k lengths from 700 to 40k tokens: two dozen shapes
 
 
+def test_whole_packed_rows_are_grid_steps():
+    """Rows filled close to the packer's capacity pad to it, not to the geometric step above (8,832 for 8,192)."""
+    plan, plain = Buckets(128, row_tokens=8192), Buckets(128)
+    assert plain.grid(8183) == 8832 and plan.grid(8183) == plan.grid(8192) == 8192
+    assert plan.grid(3 * 8192 - 500) == 3 * 8192 and plan.grid(3 * 8192 + 1) == 3 * 8192 + 128
+    assert plan.grid(2 * 8192 + 5000) == 2 * 8192 + plain.grid(5000)
+    assert Buckets(128, row_tokens=8000).grid(7999) == 8064  # a capacity off the multiple rounds up to it
+    lengths = set()
+    for real in range(700, 40_000, 53):
+        length = plan.grid(real)
+        lengths.add(length)
+        assert real <= length <= plain.grid(real) and length % 128 == 0
+    assert len(lengths) <= 90  # 39k lengths over five rows: under twenty shapes a row
+
+
 def test_round_up_is_the_plain_layout():
     p = RoundUp(64)(107, 8, 107, 30, 30)
     assert (p.length, p.tails, p.segments, p.keys, p.max_q) == (128, (21,), 9, 128, 30)
