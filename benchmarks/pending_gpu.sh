@@ -91,9 +91,9 @@ item() {
     # whole packed rows are steps of the graphs' length grid now (rows of 8,183 tokens padded to 8,832 before):
     # both shapes' MFU and peak reserved memory (the graphs' pool in it; goal <= 20 GiB for Qwen3-0.6B)
     train-step-graphs) TAIL=24 run "$1" 400 sh -c "python3 benchmarks/train_step.py --model-shape smollm2 \
-        --skip-hf --variants default,default-eager --steps 5 && python3 benchmarks/train_step.py --model-shape smollm2 \
-        --shape gsm8k --skip-hf --variants default --steps 5 && python3 benchmarks/train_step.py --model-shape qwen3-0.6b \
-        --skip-hf --variants default,default-eager --steps 5" ;;
+        --skip-hf --variants default,default-nocompile,default-eager --steps 5 && python3 benchmarks/train_step.py \
+        --model-shape smollm2 --shape gsm8k --skip-hf --variants default,default-nocompile --steps 5 && python3 \
+        benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf --variants default,default-nocompile --steps 5" ;;
     # #16: the engine's decode table (padded generate as the baseline, same run), then the profile of its decode steps
     # with each step's own roofline
     engine-roofline) TAIL=60 run "$1" 360 sh -c "python3 benchmarks/engine.py --skip-multi-turn --skip-generate-batch \
@@ -102,7 +102,7 @@ item() {
     # alone (the trainer's layers eager inside their graphs), and twice the rollouts in flight
     vs-trl-compile) TAIL=12 run "$1" 590 python3 benchmarks/vs_trl.py --data "$DATA/gsm8k/train.jsonl" --trl-backends \
         generate --steps 12 --warmup-steps 4 --agentrl-variants \
-        "engine.compile=true;engine.compile=true,model.compile_layers=false;rollout.rollouts_in_flight=256" --again \
+        "engine.compile=true,model.compile_layers=false;engine.compile=true" --again \
         --out "$OUT/vs_trl.md" ;;
     # #16: SmolLM2's graphed step (24.2% MFU, goal 25%) measured 0.125 s against ≈ 60 ms of estimated kernels: where
     # the rest goes (the Qwen3-0.6B step's profile: 293 ms of kernels in 324 ms, GPU-bound)

@@ -29,7 +29,7 @@ model.dtype=auto gives (bf16 on GPU, as every variant here). Its step is
 `Trainer.step`, so unlike the other variants it includes the optimizer step, and its peak memory AdamW's state; it
 packs with the trainer's own `row_tokens`, not `--row-tokens`. A line after the table names what it resolved to,
 and any frame compiled during the timed steps (there should be none) is reported with the row. `default-eager` is
-the same with `trainer.cuda_graphs=false`; with the default two warm-up steps, `default`'s timed steps are replays.
+the same with `trainer.cuda_graphs=false`, `default-nocompile` with `model.compile_layers=false`; with the default two warm-up steps, `default`'s timed steps are replays.
 
 MFU counts 6 x (non-embedding params + vocab x hidden) per token plus causal attention (12 x layers x q_dim x
 mean context), over 790 TFLOP/s (the H200's measured bf16 dense peak, docs/anchors.md).
@@ -41,7 +41,7 @@ nothing (MFU is against the H200's peak).
 
 usage: python benchmarks/train_step.py [--tokens 25000] [--steps 3] [--warmup 2] [--variants default,ckpt,...]
                                      [--profile] [--shape random|hotpotqa|gsm8k] [--model-shape qwen3-0.6b|smollm2]
-       variants: default | default-eager | ckpt|nockpt[+compile[+mem<fraction>]][+varlen][+share][@rows per micro-batch]
+       variants: default | default-eager | default-nocompile | ckpt|nockpt[+compile[+mem<fraction>]][+varlen][+share][@rows per micro-batch]
 """
 
 from __future__ import annotations
@@ -267,10 +267,15 @@ def print_profile(name, fn, model, batch, cfg):
     print(events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=70))
 
 
+# The trainer as `agentrl train` builds it, with these options on top.
+DEFAULT_VARIANTS = {"default": [], "default-eager": ["--trainer.cuda_graphs=false"],
+                    "default-nocompile": ["--model.compile_layers=false"]}
+
+
 def parse_variant(variant: str) -> tuple[str, int | None]:
     """`kind@rows` -> (kind, rows per micro-batch or None for all rows), checked before any GPU time is spent.
     `default` takes everything from the trainer's defaults, so it has no parts and no @rows."""
-    if variant in ("default", "default-eager"):
+    if variant in DEFAULT_VARIANTS:
         return variant, None
     kind, _, micro = variant.partition("@")
     parts = kind.split("+")
@@ -325,14 +330,14 @@ def rows_attention() -> str:
     return "flex_attention" if torch.cuda.is_available() else "sdpa"
 
 
-def default_trainer(model, graphs: bool = True):
-    """The trainer `agentrl train` builds with default options on this device, around `model`, and a line saying
-    what the defaults resolved to. `graphs=False`: the same with `trainer.cuda_graphs=false` (`default-eager`)."""
+def default_trainer(model, overrides: list[str] = ()):
+    """The trainer `agentrl train` builds with default options (and `overrides`) on this device, around `model`,
+    and a line saying what the defaults resolved to."""
     from agentrl.run import build
     from agentrl.run.config import TrainConfig
     from agentrl.train.trainer import Trainer
 
-    cfg = TrainConfig() if graphs else TrainConfig.from_dict({}, ["--trainer.cuda_graphs=false"])
+    cfg = TrainConfig.from_dict({}, list(overrides))
     on = device()
     reset_model(model)
     # What load_trainable_policy does after loading (attention, checkpointing, train mode, hybrid kernels), then
@@ -379,7 +384,8 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones (compiles)")
     ap.add_argument("--variants", default="ckpt",
-                    help="comma list of default, default-eager (trainer.cuda_graphs=false) or "
+                    help="comma list of default, default-eager (trainer.cuda_graphs=false), default-nocompile "
+                         "(model.compile_layers=false) or "
                          "ckpt|nockpt[+compile][+varlen][+share][@rows per micro-batch], "
                          "e.g. default,ckpt,nockpt@1,nockpt+compile@1,nockpt+compile+varlen@1")
     ap.add_argument("--profile", action="store_true", help="print the kernel table of each variant")
@@ -416,8 +422,8 @@ def main():
         check = varlen_check(model, batch)
         print(check, flush=True)  # now as well as in the summary, in case a later variant takes the process down
     for variant, kind, micro in variants:
-        if kind in ("default", "default-eager"):
-            trainer, line = default_trainer(model, graphs=kind == "default")
+        if kind in DEFAULT_VARIANTS:
+            trainer, line = default_trainer(model, DEFAULT_VARIANTS[kind])
             notes.append(line)
             trained = trainer.pack(samples)  # also runs the trainer's one-time sharing check, as its first step does
 

@@ -9,9 +9,9 @@ launch and its backward another; only the chunked lm_head and the loss, a few do
 How, for one micro-batch on the flat layout (`logprobs.flat_layout`, `prefix_forward.tree_flat_layout`):
 - Shapes come from few buckets (`Buckets`): the row's length on a grid of whole packed rows, and for the rest
   multiples, then steps of 1.25x; the sample boundaries' count, the longest query and key sequence and the
-  gathered keys of a prefix-shared row on powers of two or the same grid. The padding is laid out as segments of its own (no real token attends to it;
-  every padding position is computed, from valid ids and positions, so nothing undefined reaches a gradient), and
-  boundary lists are filled up with empty segments.
+  gathered keys of a prefix-shared row on powers of two or the same grid. The padding is laid out as segments of
+  its own (no real token attends to it; every padding position is computed, from valid ids and positions, so
+  nothing undefined reaches a gradient), and boundary lists are filled up with empty segments.
 - The first micro-batch of a bucket runs eagerly (it also compiles and tunes whatever the compiled layers need for
   it); the second captures the forward and the backward into graphs that share one memory pool, then replays.
   Captures run under `guard` (the run passes `Engine.pause`): no other thread's GPU work lands inside one.
@@ -82,7 +82,7 @@ class Buckets:
 
     `row_tokens` is the packer's row capacity. The packer fills rows close to it, so a micro-batch of k rows is
     most often just under k full rows: the grid also holds every multiple of the capacity (rounded up to
-    `multiple`) and, past the whole rows, the small steps of a partial row. Without it a full row of 8,192 tokens lands on the
+    `multiple`), and past one row every eighth of a row. Without it a full row of 8,192 tokens lands on the
     geometric step above it (8,832), and the padding costs the step 8% of its compute."""
 
     def __init__(self, multiple: int = 128, ratio: float = 1.25, min_segments: int = 8, row_tokens: int | None = None):
@@ -93,11 +93,15 @@ class Buckets:
 
     def grid(self, n: int) -> int:
         """The smallest grid value >= n: multiples up to 8 of them, then steps of `ratio` rounded to multiples;
-        with `row_tokens`, also whole rows plus such a step for the rest (whichever is smaller)."""
-        if self.row is None or n <= self.row:
-            return self._steps(n) if self.row is None else min(self._steps(n), self.row)
-        whole = (n - 1) // self.row * self.row  # leaves a remainder of 1..row tokens
-        return min(self._steps(n), whole + min(self._steps(n - whole), self.row))
+        with `row_tokens`, capped at one row, and past one row also whole rows plus eighths of a row (whichever
+        is smaller). Eighths, not multiples: the step's token count moves by hundreds from step to step, and a
+        finer grid past the first row would make most steps a new bucket (eager, then a capture)."""
+        if self.row is None:
+            return self._steps(n)
+        if n <= self.row:
+            return min(self._steps(n), self.row)
+        eighth = -(-self.row // 8 // self.multiple) * self.multiple
+        return min(self._steps(n), -(-n // eighth) * eighth)
 
     def _steps(self, n: int) -> int:
         m, g = self.multiple, self.multiple
