@@ -94,6 +94,11 @@ item() {
         --skip-hf --variants default,default-nocompile,default-eager --steps 5 && python3 benchmarks/train_step.py \
         --model-shape smollm2 --shape gsm8k --skip-hf --variants default,default-nocompile --steps 5 && python3 \
         benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf --variants default,default-nocompile --steps 5" ;;
+    # the same rows over 30 steps, medians over the last 20: with 12 steps, three of the eight measured steps paid a
+    # bucket's capture or first eager micro-batch, and the medians moved by a third between identical rows
+    vs-trl-long) TAIL=12 run "$1" 590 python3 benchmarks/vs_trl.py --data "$DATA/gsm8k/train.jsonl" --trl-backends \
+        generate --steps 30 --warmup-steps 10 --agentrl-variants \
+        "engine.compile=true,model.compile_layers=false;engine.compile=true" --out "$OUT/vs_trl.md" ;;
     # #16: the engine's decode table (padded generate as the baseline, same run), then the profile of its decode steps
     # with each step's own roofline
     engine-roofline) TAIL=60 run "$1" 360 sh -c "python3 benchmarks/engine.py --skip-multi-turn --skip-generate-batch \
