@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ class Run:
     resumed: bool = False
     sample_log: object = None  # agentrl.run.replay.SampleLog when metrics.log_samples
     engine_stats: object = None  # the engine's counters at the end of the last step
+    compiled_frames: int = 0  # frames dynamo had compiled by the end of the last step (`compiled_frames`)
     started: float = field(default_factory=time.perf_counter)
     parallel: ParallelRun | None = None  # this process's place in a run of several; None for one process
 
@@ -299,6 +301,7 @@ def start(run: Run) -> None:
         run.engine.start()
         run.driver.start()
     run.engine_stats = run.engine.stats
+    run.compiled_frames = compiled_frames()
     run.started = time.perf_counter()
 
 
@@ -351,10 +354,12 @@ def step(run: Run) -> dict:
     now = engine.stats
     generation = _generation_metrics(run.engine_stats, now, seconds)
     run.engine_stats = now
+    frames, run.compiled_frames = compiled_frames() - run.compiled_frames, compiled_frames()
     metrics = {"loss": trained.pop("loss"), **trained, "seconds": seconds, "wait_seconds": waited,
-               "ready_groups": len(run.driver.pool), "ready_pool_age_s": run.driver.pool.oldest_age(),
+               "compiled_frames": frames, "ready_groups": len(run.driver.pool),
+               "ready_pool_age_s": run.driver.pool.oldest_age(),
                "rollouts_in_flight": run.driver.stats.in_flight,
-            "prompts_too_long": run.driver.stats.prompts_too_long, **generation,
+               "prompts_too_long": run.driver.stats.prompts_too_long, **generation,
                **{f"rollout/{k}": v for k, v in summarize(trajectories).items()},
                **{f"engine/{k}": v for k, v in dataclasses.asdict(now).items()}}
     return run.parallel.reduce_generation_metrics(metrics) if run.parallel is not None else metrics
@@ -392,6 +397,13 @@ def take_groups(driver: RolloutDriver, n: int):
         # A failed driver or engine thread would otherwise leave the trainer waiting forever.
         driver.check()
         driver.engine.check()
+
+
+def compiled_frames() -> int:
+    """Frames torch.compile has compiled in this process so far, by either thread: a step that compiles is a slow
+    step, and shapes that change from step to step must not keep it compiling (0 where dynamo never loaded)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    return int(dynamo.utils.counters["frames"]["ok"]) if dynamo is not None else 0
 
 
 def _generation_metrics(before, after, seconds: float) -> dict:

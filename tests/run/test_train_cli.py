@@ -21,6 +21,7 @@ def test_train_gsm8k_tiny_qwen3_three_steps_then_resume(tmp_path, monkeypatch, c
         assert r["rollout/n"] == 8 and r["trained_tokens"] > 0 and not r["skipped"]  # 2 groups of 4
         assert r["loss/is_ratio_max"] < 1.01  # same weights in engine and trainer: behaviour logprobs agree
         assert sum(r["loss/staleness_hist"].values()) == r["tokens"]  # every trained token, by its policy lag
+        assert r["compiled_frames"] == 0  # nothing is compiled on the CPU by default
     assert latest_checkpoint(run) == step_dir(run, 3)
     assert (run / "final" / "config.json").exists()  # the plain model directory `agentrl eval --model` loads
     # the trackers saw the same steps as the JSONL
@@ -48,3 +49,24 @@ def test_bad_config_fails_before_loading_anything(tmp_path, monkeypatch, capsys)
     assert main(["train", "gsm8k_math", "--model", "tiny-qwen3", "--optim.lr=-1"]) == 2
     assert "optim.lr" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_compiled_frames_counts_what_either_thread_compiles():
+    """The per-step `compiled_frames` metric: dynamo's frames compiled in this process, from any thread."""
+    import threading
+
+    import torch
+
+    from agentrl.run.build import compiled_frames
+
+    def f(x):
+        return x * 2 + 1
+
+    compiled = torch.compile(f, backend="eager", dynamic=False)
+    before = compiled_frames()
+    compiled(torch.ones(3))
+    compiled(torch.ones(3))  # the cache serves it
+    worker = threading.Thread(target=compiled, args=(torch.ones(5, 2),))  # a new shape, in another thread
+    worker.start()
+    worker.join()
+    assert compiled_frames() - before == 2
