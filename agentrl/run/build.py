@@ -354,7 +354,8 @@ def step(run: Run) -> dict:
     now = engine.stats
     generation = _generation_metrics(run.engine_stats, now, seconds)
     run.engine_stats = now
-    frames, run.compiled_frames = compiled_frames() - run.compiled_frames, compiled_frames()
+    total_frames = compiled_frames()
+    frames, run.compiled_frames = total_frames - run.compiled_frames, total_frames
     metrics = {"loss": trained.pop("loss"), **trained, "seconds": seconds, "wait_seconds": waited,
                "compiled_frames": frames, "ready_groups": len(run.driver.pool),
                "ready_pool_age_s": run.driver.pool.oldest_age(),

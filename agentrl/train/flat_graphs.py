@@ -7,11 +7,12 @@ step (BENCHMARKS.md, "Engine and trainer on one GPU"). Replayed from a graph, a 
 launch and its backward another; only the chunked lm_head and the loss, a few dozen kernels, stay eager.
 
 How, for one micro-batch on the flat layout (`logprobs.flat_layout`, `prefix_forward.tree_flat_layout`):
-- Shapes come from few buckets (`Buckets`): the row's length on a grid of whole packed rows, and for the rest
-  multiples, then steps of 1.25x; the sample boundaries' count, the longest query and key sequence and the
-  gathered keys of a prefix-shared row on powers of two or the same grid. The padding is laid out as segments of
-  its own (no real token attends to it; every padding position is computed, from valid ids and positions, so
-  nothing undefined reaches a gradient), and boundary lists are filled up with empty segments.
+- Shapes come from few buckets (`Buckets`): the row's length on a grid (multiples, then steps of 1.25x, capped at
+  one packed row; past one row, whole rows plus eighths of a row); the sample boundaries' count, the longest query
+  and key sequence and the gathered keys of a prefix-shared row on powers of two or the same grid. The padding is
+  laid out as segments of its own (no real token attends to it; every padding position is computed, from valid
+  ids and positions, so nothing undefined reaches a gradient), and boundary lists are filled up with empty
+  segments.
 - The first micro-batch of a bucket runs eagerly (it also compiles and tunes whatever the compiled layers need for
   it); the second captures the forward and the backward into graphs that share one memory pool, then replays.
   Captures run under `guard` (the run passes `Engine.pause`): no other thread's GPU work lands inside one.
@@ -237,8 +238,8 @@ class FlatGraphs:
     """The decoder's flat forward and backward, from CUDA graphs per shape bucket (see the module docstring).
 
     `row_tokens`: the packer's row capacity, a step of the length grid. `capture`: `cuda_capture`,
-    `stand_in_capture`, or None for the padded eager path only. `guard`: a context
-    holding every other GPU user off for a capture. `capture_after`: eager micro-batches of a bucket before its
+    `stand_in_capture`, or None for the padded eager path only. `guard`: a context holding every other GPU user
+    off for a capture. `capture_after`: eager micro-batches of a bucket before its
     capture (the first compiles and tunes what the bucket needs; a capture must not). `max_graphs`: buckets kept
     captured, the least recently replayed dropped first (each holds its inputs, output and gradient buffer, tens
     of MB for a 0.6B model's rows; a dropped bucket that comes back runs eagerly once more, then is captured)."""
