@@ -90,6 +90,11 @@ item() {
         TRAIN_ARGS="--trainer.rows_per_micro_batch=1" bash benchmarks/qwen05_learning.sh ;;
     # the session's CPU fixes, first on a GPU: captures kept apart from the trainer's work, trainer layers compiled
     # dynamic from the first step, numpy packing (vs_trl printed 72 ms of packing a step before it)
+    # every graph is now recorded by graph_capture.record_graph (no empty_cache, the collector held off): the GPU
+    # tests of the engine's graphs (across an in-place update, a release to a new address) and of the trainer's
+    # (replays equal the padded eager steps bit for bit)
+    capture-tests) TAIL=10 run "$1" 300 python3 -m pytest -m gpu tests/engine/test_engine_gpu.py \
+        tests/train/test_flat_graphs_gpu.py -k "not hybrid" -q -rA --tb=short -p no:cacheprovider -p no:warnings ;;
     # #16: 200 steps with defaults, then with the engine's view compiled as well (20:17 UTC: no stall, two warm-up
     # steps at 5.6x and 5.9x the median; the failure now names what slow steps did: compiles, captures, waits)
     long-run) TAIL=8 run "$1" 420 python3 -m pytest -m gpu tests/run/test_long_run_gpu.py -q -rA --tb=short \
@@ -137,7 +142,7 @@ item() {
   esac
 }
 items=("$@")
-[ ${#items[@]} -eq 0 ] && items=(long-run hybrid-conv vs-trl-long hybrid-train-triton engine-gpu-tests \
+[ ${#items[@]} -eq 0 ] && items=(capture-tests long-run hybrid-conv vs-trl-long hybrid-train-triton engine-gpu-tests \
     hybrid-eager-compiled hybrid-tests)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null

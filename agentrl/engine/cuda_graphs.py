@@ -60,6 +60,7 @@ import torch
 from torch import nn
 
 from agentrl.engine.attention import AttentionBackend, PagedStep, stepping
+from agentrl.engine.graph_capture import record_graph
 from agentrl.engine.kv_storage import KVStorage
 from agentrl.engine.linear_state import LinearStates
 from agentrl.engine.model_view import Geometry
@@ -104,16 +105,15 @@ def graphs_supported(view) -> bool:
 
 def cuda_capture(fn, pool):
     """Run `fn` once on a side stream (Triton compiles its kernels and cuBLAS sets up its workspaces, which
-    must not happen during capture), then capture one call into a graph in `pool`. Returns `replay()`, which
-    replays it and returns the captured call's output (a tensor the replay rewrites in place)."""
+    must not happen during capture), then capture one call into a graph in `pool` (`graph_capture.record_graph`).
+    Returns `replay()`, which replays it and returns the captured call's output (a tensor the replay rewrites in
+    place)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-        out = fn()
+    graph, out = record_graph(fn, pool)
 
     def replay():
         graph.replay()

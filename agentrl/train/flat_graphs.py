@@ -37,6 +37,7 @@ from typing import Callable, ContextManager
 
 import torch
 
+from agentrl.engine.graph_capture import record_graph
 from agentrl.train.varlen_attention import KV_INDEX
 
 
@@ -175,12 +176,9 @@ Capture = Callable[[Callable[[], None], object], Callable[[], None]]
 
 
 def cuda_capture(fn: Callable[[], None], pool) -> Callable[[], None]:
-    """`fn`'s kernels recorded into a CUDA graph (not run); returns its replay. Thread-local capture mode: a call
-    from another thread (a tool, the rollout driver) cannot invalidate it, and `guard` keeps the engine's kernels
-    out."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-        fn()
+    """`fn`'s kernels recorded into a CUDA graph (not run; `graph_capture.record_graph`); returns its replay.
+    `guard` keeps the engine's kernels out of it."""
+    graph, _ = record_graph(fn, pool)
     return graph.replay
 
 

@@ -1,0 +1,52 @@
+"""How this project records a CUDA graph: the engine's step graphs and the trainer's forward/backward graphs alike.
+
+`torch.cuda.graph` does two things around every capture that cost a training run more than they give it:
+- `empty_cache()` hands every cached free block back to the driver. In a run the engine and the trainer share
+  the device, and the next allocations of both (the trainer's eager lm_head chunks, a micro-batch of a new shape,
+  the engine's eager steps) go back to `cudaMalloc`, which waits for the device.
+- It leaves Python's garbage collector on. A collection during a capture that finalizes a compiled kernel
+  unloads its module, and the capture in progress is invalidated (vLLM holds the collector off while capturing
+  for this reason).
+
+`record_graph` captures without the first and with the collector held off. Captures are in thread-local mode:
+another thread's CUDA calls (a tool, the rollout driver) cannot invalidate them. Only one capture may be under
+way in a process at a time: the engine's captures and the trainer's exclude each other (`Engine.pause`,
+`StepLock.exclusive`).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Callable, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+_STREAMS: dict[int, torch.cuda.Stream] = {}  # one side stream per device, as torch.cuda.graph keeps one
+
+
+def record_graph(fn: Callable[[], T], pool) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Record `fn`'s kernels into a graph whose memory comes from `pool` (not run); returns the graph and what
+    `fn` returned (tensors the graph's replays rewrite in place)."""
+    device = torch.cuda.current_device()
+    stream = _STREAMS.get(device)
+    if stream is None:
+        stream = _STREAMS[device] = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()  # nothing queued before the capture is still running while it records
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                out = fn()
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
+    finally:
+        if collecting:
+            gc.enable()
+    return graph, out
