@@ -33,7 +33,7 @@ from agentrl.run.distributed import ParallelRun, restore_rollout_state, warn
 from agentrl.run.interrupt import critical
 from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint
 from agentrl.train.config import ModelConfig
-from agentrl.train.linear_conv import use_reference_delta_rule
+from agentrl.train.linear_conv import install_wrappers, use_reference_delta_rule
 from agentrl.train.logprobs import is_hybrid, packed_backward_failure, packing_error, varlen_kernels_installed
 from agentrl.train.optim import retarget_schedule
 from agentrl.train.trainer import Trainer
@@ -176,6 +176,10 @@ def compile_trainer_layers(cfg: TrainConfig, model, device: str, **options) -> b
     `Module.compile` over `TRAINER_COMPILE` (a test's cheap backend)."""
     if not compile_layers(cfg.model, model, device, tp_size=cfg.parallel.tp_size, deterministic=cfg.deterministic):
         return False
+    if is_hybrid(model):
+        # The convolution and the chunked delta rule as graph breaks on every path, the per-sample one included:
+        # traced, the PyTorch reference rule's padding to whole chunks fails inductor's lowering with dynamic shapes.
+        install_wrappers(model)
     compile_decoder_layers(model, activation_memory_budget=cfg.model.activation_memory_budget,
                            **{**TRAINER_COMPILE, **options})
     return True

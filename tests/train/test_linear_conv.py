@@ -183,3 +183,38 @@ def test_a_varlen_convolution_that_fails_warns_once_and_the_spread_path_takes_ov
     monkeypatch.undo()
     alone = each_alone()
     assert torch.equal(first, alone) and torch.equal(second, alone)
+
+
+def test_compiled_hybrid_layers_break_around_the_rule_on_the_per_sample_path_too(monkeypatch):
+    """`model.compile_layers=true` on a hybrid off the varlen path (the CPU's per-sample forward): the trainer's
+    compile installs the convolution and delta-rule wrappers first, so both run as graph breaks there as well
+    (traced by inductor, the PyTorch reference rule's padding to whole chunks failed to lower with dynamic shapes),
+    and the compiled model's per-sample logprobs equal the eager model's."""
+    import copy
+    import dataclasses
+    import inspect
+
+    from agentrl.run.build import compile_trainer_layers
+    from agentrl.run.config import TrainConfig
+    from agentrl.train import linear_conv
+    from agentrl.train.logprobs import _synthetic_row, packed_token_logprobs
+
+    eager = load_model("tiny-qwen3.5")[0]
+    modeling = sys.modules[type(_gdn(eager)).__module__]
+    for name in ("causal_conv1d_fn", linear_conv._RULE):  # as a fresh process has them: unwrapped
+        monkeypatch.setattr(modeling, name, inspect.unwrap(getattr(modeling, name)))
+        monkeypatch.delitem(linear_conv._INSTALLED, (modeling.__name__, name), raising=False)
+    compiled = copy.deepcopy(eager)
+    cfg = TrainConfig()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, compile_layers=True))
+    torch._dynamo.reset()
+    try:
+        assert compile_trainer_layers(cfg, compiled, "cpu", backend="aot_eager")
+        for name in ("causal_conv1d_fn", linear_conv._RULE):
+            assert getattr(modeling, name) is linear_conv._INSTALLED[(modeling.__name__, name)]
+        batch = _synthetic_row(eager, (9, 70, 3), seed=0)
+        got = packed_token_logprobs(compiled, batch, hybrid_varlen=False)[0]
+        want = packed_token_logprobs(eager, batch, hybrid_varlen=False)[0]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    finally:
+        torch._dynamo.reset()
