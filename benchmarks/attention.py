@@ -2,6 +2,7 @@
 
     python benchmarks/attention.py            # checks + the table (well under a minute on one H200)
     python benchmarks/attention.py --sweep    # also tries tile configs and split counts (a few minutes)
+    python benchmarks/attention.py --sweep --sweep-contexts 288,1024   # the decode sweep at those contexts
 
 Decode: 512 sequences, 16 query / 8 kv heads, head_dim 128, bf16, page 16, pages handed out shuffled, at
 context 384 / 1024 / 4096; SDPA runs the same shapes over contiguous KV. Prefill: 64 prompts x 256 tokens.
@@ -130,6 +131,8 @@ def sdpa_decode_ms(batch, ctx):
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sweep", action="store_true", help="also try tile configs (a few minutes more)")
+    parser.add_argument("--sweep-contexts", default="1024",
+                        help="comma list of decode contexts the sweep tries (288: the engine profile's decode steps)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs CUDA (the kernels are tested on CPU by tests/test_triton_attention.py)")
@@ -164,7 +167,7 @@ def main() -> int:
     prefill_case(ta, device)
     print(f"({time.time() - started:.0f} s including kernel compiles)")
     if args.sweep:
-        sweep(ta, device)
+        sweep(ta, device, tuple(int(c) for c in args.sweep_contexts.split(",")))
     return 0
 
 
@@ -186,23 +189,26 @@ def prefill_case(ta, device, config=None, quiet=False):
           f"{sdpa / ms:7.2f}x   ({flops / ms / 1e9:.0f} vs {flops / sdpa / 1e9:.0f} TFLOP/s)")
 
 
-def sweep(ta, device):
-    """Tile configs for decode at 512 x 1024 and for prefill, then split counts for few long sequences."""
-    print("\nsweep: decode 512 x 1024 (ms, GB/s)")
-    batch = paged_batch([1024] * 512, [1] * 512, device)
-    out = torch.empty_like(batch[0])
-    results = []
-    for block_n, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (1, 3, 5)):
-        cfg = {"block_n": block_n, "num_warps": warps, "num_stages": stages}
-        try:
-            ms = bench(lambda: ta.paged_attention(*batch, None, max_q_len=1, out=out, config=cfg))
-        except Exception as e:  # a config may not fit in shared memory
-            print(f"  {cfg} failed: {type(e).__name__}")
-            continue
-        results.append((ms, cfg))
-        print(f"  {cfg}  {ms:.3f}  {decode_bytes(512, 1024) / ms / 1e6:.0f}")
-    print("  best:", min(results, key=lambda r: r[0]))
-    del batch, out
+def sweep(ta, device, contexts=(1024,)):
+    """Tile configs for decode at 512 x each of `contexts` and for prefill, then split counts for few long
+    sequences."""
+    for ctx in contexts:
+        print(f"\nsweep: decode 512 x {ctx} (ms, GB/s; the default config {ta.decode_config(D)})")
+        batch = paged_batch([ctx] * 512, [1] * 512, device)
+        out = torch.empty_like(batch[0])
+        results = []
+        for block_n, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (1, 3, 5)):
+            cfg = {"block_n": block_n, "num_warps": warps, "num_stages": stages}
+            try:
+                ms = bench(lambda: ta.paged_attention(*batch, None, max_q_len=1, out=out, max_seq_len=ctx,
+                                                      config=cfg))
+            except Exception as e:  # a config may not fit in shared memory
+                print(f"  {cfg} failed: {type(e).__name__}")
+                continue
+            results.append((ms, cfg))
+            print(f"  {cfg}  {ms:.3f}  {decode_bytes(512, ctx) / ms / 1e6:.0f}")
+        print("  best:", min(results, key=lambda r: r[0]))
+        del batch, out
     print("sweep: prefill 64 x 256 (ms)")
     results = []
     for block_m, block_n, warps, stages in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)):

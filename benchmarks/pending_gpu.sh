@@ -114,6 +114,9 @@ item() {
     vs-trl-long) TAIL=12 run "$1" 590 python3 benchmarks/vs_trl.py --data "$DATA/gsm8k/train.jsonl" --trl-backends \
         generate --steps 30 --warmup-steps 10 --agentrl-variants \
         "engine.compile=true,model.compile_layers=false;engine.compile=true" --out "$OUT/vs_trl.md" ;;
+    # #16: the engine's decode steps read KV at 84% of the copy bandwidth at ~285 tokens of context (the
+    # profile); the decode tile configs at that context against the default
+    attention-sweep) TAIL=40 run "$1" 300 python3 benchmarks/attention.py --sweep --sweep-contexts 288,1024 ;;
     # #16: the engine's decode table (padded generate as the baseline, same run), then the profile of its decode steps
     # with each step's own roofline
     engine-roofline) TAIL=60 run "$1" 360 sh -c "python3 benchmarks/engine.py --skip-multi-turn --skip-generate-batch \
