@@ -34,8 +34,8 @@ class EngineConfig:
     they stay valid across optimizer steps that update parameters in place, which is what the engine
     requires anyway (the view shares the training tensors); a re-assigned parameter is noticed and the
     graphs are captured again. With `mixed_step_graphs`, steps that prefill replay graphs too, one per token
-    bucket (powers of two up to `max_tokens_per_step`), captured on first use (not for hybrid models, whose
-    prefill chunks run per sequence).
+    bucket (powers of two up to `max_tokens_per_step`), all captured at the first step that prefills (not for
+    hybrid models, whose prefill chunks run per sequence).
     `overlap`: queue step n+1 on the device before waiting for step n's sampled tokens (they reach step n+1 on
     the device), so host bookkeeping and scheduling run while the device computes. Off: each step is waited for
     before the next is scheduled. Outputs are identical either way.

@@ -139,6 +139,7 @@ class _GraphSet:
         self._graphs: dict[int, object] = {}  # bucket -> replay
         self._binding: tuple | None = None
         self._pool = None
+        self._warm = False
         self.captures = 0  # graphs captured, re-captures included
         self.replays = 0
 
@@ -150,6 +151,16 @@ class _GraphSet:
         """Drop every graph (and with them their memory pool); the next use captures again."""
         self._graphs.clear()
         self._pool = None
+
+    def warmup(self) -> None:
+        """Capture every bucket not captured yet, largest first (the smaller graphs then reuse its scratch
+        memory in the shared pool), under one wait for other threads' work rather than one per bucket."""
+        self._check_binding()
+        with self._exclusive():
+            for bucket in reversed(self.buckets):
+                if bucket not in self._graphs:
+                    self._capture(bucket)
+        self._warm = True
 
     def _check_binding(self) -> None:
         """Graphs hold the addresses of the KV pool and of every parameter and buffer: if one moved (a restored
@@ -199,7 +210,6 @@ class DecodeGraphs(_GraphSet):
         self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)
         self.linear_slots = (torch.full((top,), self.linear.scratch, dtype=torch.long, device=device)
                              if self.linear is not None else None)
-        self._warm = False
 
     # -- choosing ------------------------------------------------------------------------------------
     def accepts(self, batch) -> bool:
@@ -239,16 +249,6 @@ class DecodeGraphs(_GraphSet):
             fill[self.linear_slots] = dev["lin_slots"]
         logits = self._replay(bucket, fill)
         return logits[:n], dev
-
-    def warmup(self) -> None:
-        """Capture every bucket not captured yet, largest first (the smaller graphs then reuse its scratch
-        memory in the shared pool)."""
-        self._check_binding()
-        with self._exclusive():  # one wait for other threads' work, not one per bucket
-            for bucket in reversed(self.buckets):
-                if bucket not in self._graphs:
-                    self._capture(bucket)
-        self._warm = True
 
     # -- capturing -----------------------------------------------------------------------------------
     def _capture(self, bucket: int):
@@ -302,8 +302,10 @@ class MixedGraphs(_GraphSet):
     query and no context. Attention cannot take its launch grids from the step, so the decode kernel runs
     over every sequence row and keeps those with one query token, and the prefill kernel runs the rows of a
     tile table the host lists per step (`step_layout.tile_table`). The lm_head runs on `seqs` rows gathered by a
-    static index (the step's sampled rows, then row 0 as padding). Graphs are captured on first use of their
-    bucket: a run meets only the few sizes its traffic makes."""
+    static index (the step's sampled rows, then row 0 as padding). The first step that prefills captures every
+    bucket, largest first, as the first decode step does: in training a capture waits for the trainer's work
+    beside it, and later steps of a run pay none. A bucket dropped since (`invalidate`) is captured again on its
+    next use."""
 
     def __init__(self, parts: ForwardParts, max_num_seqs: int, max_tokens_per_step: int, capture=None,
                  exclusive=contextlib.nullcontext):
@@ -343,6 +345,8 @@ class MixedGraphs(_GraphSet):
         host = layout_step(batch, self.page_size)
         tokens, n, sampled = host.parts["ids"].size, len(batch), host.parts["rows"].size
         bucket = self.bucket(tokens)
+        if not self._warm:
+            self.warmup()
         seqs, table_rows = self.seqs(bucket), self.table_rows(bucket)
         pad = bucket - tokens
         parts = {

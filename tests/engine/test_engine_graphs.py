@@ -82,6 +82,19 @@ def test_graph_decode_matches_eager(model):
     assert any(live < bucket for bucket, live in seen)  # padding rows were exercised
 
 
+def test_the_first_step_that_prefills_captures_every_token_bucket_largest_first(model):
+    """As the decode graphs do at the first decode step: no later step pays a capture (in training one waits for
+    the trainer's work beside it), and the smaller graphs reuse the largest one's memory in the shared pool."""
+    engine = graph_engine(model, mixed=True, max_tokens_per_step=200)
+    graphs = engine.mixed_graphs
+    order, original = [], graphs._capture
+    graphs._capture = lambda bucket: order.append(bucket) or original(bucket)
+    engine.generate(random_prompts(3, 3, 20, seed=2), SamplingParams(max_new_tokens=4, temperature=0))
+    assert order == sorted(token_buckets(200), reverse=True) and graphs.captured == list(token_buckets(200))
+    engine.generate(random_prompts(12, 3, 90, seed=3), SamplingParams(max_new_tokens=4, temperature=0))
+    assert len(order) == len(token_buckets(200)) and engine.stats.mixed_graph_steps > 1  # no capture since
+
+
 def test_mixed_step_graphs_match_eager(model):
     config = dict(max_tokens_per_step=200)
     prompts = random_prompts(12, 3, 90, seed=7)
