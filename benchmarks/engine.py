@@ -268,10 +268,12 @@ def throughput_table(model, n, plen, new, bw, args):
         try:
             model.set_attn_implementation("sdpa")
             sec, peak = run_padded_generate(model, prompts, new, batch=n)
-            rows.append(("padded model.generate", f"{n}x({plen}->{new})", n * new / sec, n * new / sec / roof, sec, peak))
+            rows.append(("padded model.generate", f"{n}x({plen}->{new})", n * new / sec, n * new / sec / roof, sec,
+                         peak))
         except Exception as exc:
             rows.append((f"model.generate failed: {type(exc).__name__}: {exc}"[:80], "", 0, 0, 0, 0))
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s, roofline {roof:,.0f} tok/s, weights {weight_bytes(model) / 1e9:.2f} GB")
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s, roofline {roof:,.0f} tok/s, "
+          f"weights {weight_bytes(model) / 1e9:.2f} GB")
     print(f"{'backend':<34} {'shape':<16} {'tok/s':>10} {'roofline':>9} {'seconds':>8} {'peak GiB':>9}")
     for r in rows:
         print(f"{r[0]:<34} {r[1]:<16} {r[2]:>10,.0f} {r[3]:>8.1%} {r[4]:>8.2f} {r[5]:>9.1f}")

@@ -41,7 +41,8 @@ class Trainer:
         self.device = next(model.parameters()).device
         # On GPU, rows (or the flat layout's length) round up to a multiple: fewer shapes for compiled kernels.
         self.pad_multiple = config.row_pad_multiple if self.device.type == "cuda" else 1
-        self.rows_per_micro_batch = config.rows_per_micro_batch or default_rows_per_micro_batch(model, config.row_tokens)
+        self.rows_per_micro_batch = (config.rows_per_micro_batch
+                                     or default_rows_per_micro_batch(model, config.row_tokens))
         self.optimizer = build_optimizer(model, optim)
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
         self.stepper = Stepper(model, self.optimizer, self.scheduler, optim)

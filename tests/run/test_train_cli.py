@@ -32,7 +32,8 @@ def test_train_gsm8k_tiny_qwen3_three_steps_then_resume(tmp_path, monkeypatch, c
     # A finished run says so and trains nothing; a changed config is refused, naming what changed ...
     assert main(["train", "gsm8k_math", "--model", "tiny-qwen3", "--max-steps", "3", *small]) == 0
     assert "already finished 3 steps" in capsys.readouterr().err
-    assert main(["train", "gsm8k_math", "--model", "tiny-qwen3", "--max-steps", "4", *small, "--rollout.group_size=2"]) == 2
+    assert main(["train", "gsm8k_math", "--model", "tiny-qwen3", "--max-steps", "4", *small,
+                 "--rollout.group_size=2"]) == 2
     assert "rollout.group_size (4 -> 2)" in capsys.readouterr().err
     # ... unless --resume says to continue with the new values: from the checkpoint, not from scratch (smaller
     # rollouts: the point here is the resume, not the rollout size).
