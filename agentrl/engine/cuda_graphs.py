@@ -60,11 +60,11 @@ import torch
 from torch import nn
 
 from agentrl.engine.attention import AttentionBackend, PagedStep, stepping
-from agentrl.engine.graph_capture import record_graph
 from agentrl.engine.kv_storage import KVStorage
 from agentrl.engine.linear_state import LinearStates
 from agentrl.engine.model_view import Geometry
 from agentrl.engine.step_layout import StepMetadata, fill_placeholders, layout_step, tile_table, upload
+from agentrl.graph_capture import record_graph
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Callable, ContextManager
 
 import torch
 
-from agentrl.engine.graph_capture import record_graph
+from agentrl.graph_capture import record_graph
 from agentrl.train.varlen_attention import KV_INDEX
 
 

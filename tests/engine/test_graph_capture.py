@@ -9,7 +9,7 @@ import gc
 import pytest
 import torch
 
-from agentrl.engine import graph_capture
+from agentrl import graph_capture
 
 
 class FakeGraph:
