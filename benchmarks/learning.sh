@@ -7,6 +7,10 @@
 # EVAL holds the eval's data and environment flags: the held-out questions (never the training rows) and the same
 # env.args the recipe trains with. Extra arguments go to `agentrl train` (config overrides).
 # SKIP_BEFORE=1 reuses $OUT/before.jsonl (greedy: an earlier run measured exactly the same).
+# A run longer than one device call (10 minutes) goes over several, back to back on a machine kept warm, with one $OUT:
+# SKIP_AFTER=1 ends a call after training (no after-eval or report), and RESUME=1 continues the run from its last
+# checkpoint (the time limit saves one) instead of starting it over. With TOTAL_SECONDS, a call that skips the
+# before-eval reserves AFTER_EVAL_SECONDS for its after-eval.
 # TOTAL_SECONDS (optional) bounds the whole script instead: training gets what is left once the after-eval (timed as
 # long as the before-eval, which also converted the model) and 75 s for loading, saving and the report are set aside,
 # so a device call with a hard limit always ends with both evals.
@@ -26,16 +30,21 @@ started=$(date +%s)
 [ "${SKIP_BEFORE:-0}" = 1 ] || evaluate "$MODEL" before
 if [ -n "${TOTAL_SECONDS:-}" ]; then
   spent=$(( $(date +%s) - started ))
-  TRAIN_SECONDS=$(( TOTAL_SECONDS - 2 * spent - 75 ))
+  after=${AFTER_EVAL_SECONDS:-$spent}  # as long as the before-eval, unless this call skipped it
+  [ "${SKIP_AFTER:-0}" = 1 ] && after=0
+  TRAIN_SECONDS=$(( TOTAL_SECONDS - spent - after - 75 ))
   [ "$TRAIN_SECONDS" -ge 30 ] || { echo "TOTAL_SECONDS=$TOTAL_SECONDS leaves no time to train (before-eval: ${spent}s)" >&2; exit 1; }
   echo "before-eval took ${spent}s: training for ${TRAIN_SECONDS}s" >&2
 fi
 # A run that stops making steps is ended 180 s after its time limit; what it saved is evaluated all the same.
+START=--overwrite
+[ "${RESUME:-0}" = 1 ] && START=--resume || : > "$OUT/train.log"  # a resumed run's log goes on
 timeout $(( TRAIN_SECONDS + 180 )) python3 -m agentrl.cli train "$ENV_NAME" --config "$CONFIG" --model "$MODEL" \
-  --time_limit_s="$TRAIN_SECONDS" --run-dir "$RUN" --overwrite "$@" 2> "$OUT/train.log" | tail -1 || {
+  --time_limit_s="$TRAIN_SECONDS" --run-dir "$RUN" "$START" "$@" 2>> "$OUT/train.log" | tail -1 || {
   echo "training ended with an error or stalled; see $OUT/train.log" >&2
   tail -5 "$OUT/train.log" >&2
 }
+[ "${SKIP_AFTER:-0}" = 1 ] && exit 0
 evaluate "$RUN/final" after
 python3 -m agentrl.cli eval --compare "$OUT/before.jsonl" "$OUT/after.jsonl" | tee "$OUT/compare.txt"
 python3 -m agentrl.cli plot "$RUN" --out "$OUT/curves.png" || true
