@@ -438,11 +438,12 @@ class Engine(BackgroundMode):
             return self.policy_version
 
     def warmup(self) -> None:
-        """Capture the decode graphs of every batch-size bucket now rather than at the first pure-decode step
-        (which does it otherwise). No-op without graphs."""
+        """Capture the graphs of every bucket now (decode steps by batch size, steps that prefill by token count)
+        rather than at the first step of each kind (which does it otherwise). No-op without graphs."""
         with self._lock.outside(), self._stream.joined():
-            if self.graphs is not None and not self._released:
-                self.graphs.warmup()
+            for graphs in (self.graphs, self.mixed_graphs):
+                if graphs is not None and not self._released:
+                    graphs.warmup()
 
     def release_kv(self) -> None:
         """Hand the KV pool's device memory back (e.g. for a training step); live sequences keep their KV

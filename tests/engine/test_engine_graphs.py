@@ -93,6 +93,10 @@ def test_the_first_step_that_prefills_captures_every_token_bucket_largest_first(
     assert order == sorted(token_buckets(200), reverse=True) and graphs.captured == list(token_buckets(200))
     engine.generate(random_prompts(12, 3, 90, seed=3), SamplingParams(max_new_tokens=4, temperature=0))
     assert len(order) == len(token_buckets(200)) and engine.stats.mixed_graph_steps > 1  # no capture since
+    ahead = graph_engine(model, mixed=True, max_tokens_per_step=200)
+    ahead.warmup()  # both kinds before any step
+    assert ahead.mixed_graphs.captured == list(token_buckets(200))
+    assert ahead.graphs.captured == list(ahead.graphs.buckets)
 
 
 def test_mixed_step_graphs_match_eager(model):
