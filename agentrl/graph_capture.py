@@ -26,19 +26,24 @@ T = TypeVar("T")
 _STREAMS: dict[int, torch.cuda.Stream] = {}  # one side stream per device, as torch.cuda.graph keeps one
 
 
-def record_graph(fn: Callable[[], T], pool) -> tuple[torch.cuda.CUDAGraph, T]:
-    """Record `fn`'s kernels into a graph whose memory comes from `pool` (not run); returns the graph and what
-    `fn` returned (tensors the graph's replays rewrite in place)."""
+def record_graph(fn: Callable[[], T], pool, warmup: bool = False) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Record `fn`'s kernels into a graph whose memory comes from `pool`; returns the graph and what `fn` returned
+    (tensors the graph's replays rewrite in place). `warmup`: run `fn` once first on the same side stream, outside
+    the capture (Triton compiles its kernels and cuBLAS sets up its workspaces then, which must not happen inside
+    one)."""
     device = torch.cuda.current_device()
     stream = _STREAMS.get(device)
     if stream is None:
         stream = _STREAMS[device] = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
+    stream.wait_stream(torch.cuda.current_stream())
+    if warmup:
+        with torch.cuda.stream(stream):
+            fn()
     torch.cuda.synchronize()  # nothing queued before the capture is still running while it records
     collecting = gc.isenabled()
     gc.disable()
     try:
-        stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:

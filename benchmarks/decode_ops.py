@@ -15,7 +15,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

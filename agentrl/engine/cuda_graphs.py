@@ -104,16 +104,9 @@ def graphs_supported(view) -> bool:
 
 
 def cuda_capture(fn, pool):
-    """Run `fn` once on a side stream (Triton compiles its kernels and cuBLAS sets up its workspaces, which
-    must not happen during capture), then capture one call into a graph in `pool` (`graph_capture.record_graph`).
-    Returns `replay()`, which replays it and returns the captured call's output (a tensor the replay rewrites in
-    place)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph, out = record_graph(fn, pool)
+    """Run `fn` once, then capture one call into a graph in `pool` (`graph_capture.record_graph`). Returns
+    `replay()`, which replays it and returns the captured call's output (a tensor the replay rewrites in place)."""
+    graph, out = record_graph(fn, pool, warmup=True)
 
     def replay():
         graph.replay()

@@ -36,7 +36,7 @@ from agentrl.train.flat_graphs import FlatGraphs, FlatInputs, Plan, RoundUp, bou
 from agentrl.train.linear_conv import packed_conv_boundaries, tree_supported
 from agentrl.train.logprobs import _check_attention, _decoder, chunked_logprobs, is_hybrid, lm_head_weight, padded_row
 from agentrl.train.prefix_pack import SharedBatch
-from agentrl.train.varlen_attention import KV_INDEX, takes_flat_layout
+from agentrl.train.varlen_attention import takes_flat_layout
 
 TREE_MASK_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 

@@ -68,10 +68,13 @@ def test_the_capture_brackets_fn_on_a_side_stream_with_the_collector_off(cuda):
     graph, out = graph_capture.record_graph(fn, pool="pool")
     assert out == "out" and isinstance(graph, FakeGraph)
     assert seen == [("side", False)]  # recorded on the side stream, no collection can run inside
-    assert log == [("synchronize",), ("wait", "side", "main"), ("begin", "pool", "thread_local", False),
+    assert log == [("wait", "side", "main"), ("synchronize",), ("begin", "pool", "thread_local", False),
                    ("end", False), ("wait", "main", "side")]  # and no empty_cache
     assert gc.isenabled()
-    graph_capture.record_graph(fn, pool=None)
+    log.clear()
+    graph_capture.record_graph(fn, pool=None, warmup=True)  # the warm-up run: same side stream, before the capture
+    assert seen[1:] == [("side", True), ("side", False)] and log.index(("synchronize",)) < log.index(
+        ("begin", None, "thread_local", False))
     assert len(graph_capture._STREAMS) == 1  # one side stream per device, reused
 
 

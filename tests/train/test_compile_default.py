@@ -18,7 +18,6 @@ from agentrl.sample import TrainingSample
 from agentrl.train import varlen_attention as va
 from agentrl.train.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
 from agentrl.train.trainer import Trainer
-from agentrl.engine.model_view import compile_decoder_layers
 
 REFERENCE = va.register("agentrl_varlen_reference", va.reference_kernel)  # the GPU's flat layout, on CPU
 
