@@ -147,16 +147,12 @@ def compile_layers(cfg: ModelConfig, model, device: str, *, tp_size: int = 1, de
     """Whether the trainer's decoder layers are compiled (`model.compile_layers`; None: on for CUDA runs of dense
     models, neither tensor-parallel nor deterministic; ModelConfig says why each exception is one).
 
-    Compiling both the trainer's layers and the engine's view layers is what two earlier GPU runs did when they
-    stalled after their first step; never root-caused. The hypothesis: the view's layers are copies of the
-    trainer's, so both threads run the same code objects (`GradientCheckpointingLayer`'s forward wrapper, the
-    layer's and the attention's forwards, and the resume functions after the attention's graph break), and dynamo
-    keeps one cache and one recompile budget per code object. Each thread's new shapes (decode batch sizes and
-    mixed-step token buckets on one side, packed row lengths and grad mode on the other) recompile frames the other
-    thread also runs, one thread waits on dynamo's compile lock while the other compiles, and a frame past the
-    recompile limit falls back to eager for both. With this default only the trainer thread compiles: in training
-    the engine's view stays eager, served from CUDA graphs, unless `engine.compile` asks, so the combination
-    `--engine.compile=true --model.compile_layers=true` remains available to reproduce the stall."""
+    The engine's view compiles its copies of the same layers on its own thread (`engine_config`). Both threads run
+    the same code objects, and dynamo keeps one cache per code object: each thread's new variants (grad mode,
+    masks, sizes) are more compiles, which is what stalled two early GPU runs. The engine's compiles now happen in
+    its warm-up (every decode and mixed-step bucket captured at the first step that needs it) and the trainer's
+    layers compile dynamic from the first step, so both land in the first steps; the 200-step GPU test
+    (tests/run/test_long_run_gpu.py) checks that no later step pays for one."""
     if cfg.compile_layers is not None:
         return cfg.compile_layers
     return device == "cuda" and not is_hybrid(model) and tp_size == 1 and not deterministic
@@ -226,22 +222,24 @@ def attention_implementation(cfg: ModelConfig, model, device: str) -> str | None
 
 
 def engine_config(cfg: EngineConfig, rollout: RolloutConfig, seed: int, eos_token_ids: tuple[int, ...], *,
-                  training: bool, deterministic: bool = False) -> EngineConfig:
+                  deterministic: bool = False) -> EngineConfig:
     """The engine section with what it leaves unset taken from the run: the longest rollout, the chat format's
-    end-of-turn ids, the run's seed. In training the view's layers stay eager unless asked (compiling them together
-    with the trainer's stalled two GPU runs; see `compile_layers`). A deterministic run recomputes KV
-    after each update, so a resumed run (whose cache starts empty) computes what the straight run did."""
+    end-of-turn ids, the run's seed. The view's layers compile as the engine decides (`EngineConfig.compile`),
+    in training too: the 200-step GPU test passed with both threads compiled and failed with the view eager (a
+    capture and a compile in step 4 at 7x the median), and the RL step measured faster (BENCHMARKS.md). A
+    deterministic run keeps the view eager and recomputes KV after each update, so a resumed run (whose cache
+    starts empty) computes what the straight run did."""
     return dataclasses.replace(
         cfg, max_model_len=cfg.max_model_len or rollout.max_sample_tokens,
         eos_token_ids=cfg.eos_token_ids if cfg.eos_token_ids is not None else tuple(eos_token_ids),
-        seed=seed, compile=cfg.compile if cfg.compile is not None or not training else False,
+        seed=seed, compile=cfg.compile if cfg.compile is not None or not deterministic else False,
         kv_on_update="recompute" if deterministic else cfg.kv_on_update)
 
 
 def make_engine(model, tokenizer, fmt: ChatFormat, cfg: EngineConfig, rollout: RolloutConfig, seed: int, *,
-                training: bool, deterministic: bool = False) -> Engine:
+                deterministic: bool = False) -> Engine:
     """The engine over `model`'s own parameters (no copy)."""
-    config = engine_config(cfg, rollout, seed, fmt.eos_token_ids, training=training, deterministic=deterministic)
+    config = engine_config(cfg, rollout, seed, fmt.eos_token_ids, deterministic=deterministic)
     return Engine(model, config, tokenizer=tokenizer)
 
 
@@ -260,7 +258,7 @@ def build_run(cfg: TrainConfig, checkpoint: Path | None | str = "latest", parall
     if parallel is not None:
         parallel.prepare_model(model)
     fmt = chat_format(tokenizer, env, cfg.model)
-    engine = make_engine(model, tokenizer, fmt, cfg.engine, cfg.rollout, cfg.seed, training=True,
+    engine = make_engine(model, tokenizer, fmt, cfg.engine, cfg.rollout, cfg.seed,
                          deterministic=cfg.deterministic)
     compile_trainer_layers(cfg, model, device)  # after the engine's view, a copy made above
     if parallel is not None:

@@ -18,7 +18,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     env, dataset = load_env_and_data(config.env, split=config.split, limit=config.limit)
     model, tokenizer = load_policy(config.model, config.device or default_device())
     fmt = chat_format(tokenizer, env, config.model)
-    engine = make_engine(model, tokenizer, fmt, config.engine, config.rollout, config.seed, training=False)
+    engine = make_engine(model, tokenizer, fmt, config.engine, config.rollout, config.seed)
     prompts = PromptIterator(dataset, shuffle=False, max_epochs=1)
     driver = RolloutDriver(env, engine, fmt, prompts, config.rollout, seed=config.seed)
 

@@ -162,8 +162,8 @@ def _replay_turns(cfg, run_dir: Path, record: dict) -> list[TurnDiff]:
             if checkpoint is not None:
                 load_checkpoint(checkpoint, model, restore_rng=False)
             fmt = chat_format(tokenizer, env, cfg.model)
-            # The engine as the run configured it (training=True: the same compile choice).
-            engine = make_engine(model, tokenizer, fmt, cfg.engine, cfg.rollout, cfg.seed, training=True,
+            # The engine as the run configured it (the same compile choice).
+            engine = make_engine(model, tokenizer, fmt, cfg.engine, cfg.rollout, cfg.seed,
                                  deterministic=cfg.deterministic)
             loaded = {version: engine}
         engine = loaded[version]

@@ -28,7 +28,7 @@ class ModelConfig:
     attn_implementation: str | None = None
     gradient_checkpointing: bool = False
     # torch.compile each of the trainer's decoder layers (BENCHMARKS.md: the train-step table); the engine's view
-    # stays eager in training either way unless engine.compile asks. None (resolved by agentrl.run.build.
+    # compiles its own copies as engine.compile decides. None (resolved by agentrl.run.build.
     # compile_layers): on for CUDA runs of dense models, where the step is bound by launching dozens of small
     # kernels a layer; off on CPU (nothing launch-bound to gain, and inductor would need a C++ toolchain), for
     # hybrid models (not yet measured on a GPU: their convolution and delta rule run as graph breaks,
