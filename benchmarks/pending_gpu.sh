@@ -126,12 +126,6 @@ item() {
     # #16: the engine's decode steps read KV at 84% of the copy bandwidth at ~285 tokens of context (the
     # profile); the decode tile configs at that context against the default
     attention-sweep) TAIL=40 run "$1" 300 python3 benchmarks/attention.py --sweep --sweep-contexts 288,1024 ;;
-    # #16: the Qwen3-0.6B step is bound by the GPU, flash attention 2's varlen kernels a quarter of it: cuDNN's
-    # (opt-in attn_implementation=agentrl_varlen_cudnn) against them, with its accuracy test first
-    cudnn-attention) TAIL=16 run "$1" 360 sh -c "python3 -m pytest -m gpu tests/train/test_varlen_attention.py -k \
-        as_close_to_fp32 -q -rA --tb=short -p no:cacheprovider -p no:warnings; python3 benchmarks/train_step.py \
-        --model-shape qwen3-0.6b --skip-hf --variants default,default-cudnn --steps 5; python3 benchmarks/train_step.py \
-        --model-shape smollm2 --skip-hf --variants default,default-cudnn --steps 5" ;;
     # #16: the engine's decode table (padded generate as the baseline, same run), then the profile of its decode steps
     # with each step's own roofline
     engine-roofline) TAIL=60 run "$1" 360 sh -c "python3 benchmarks/engine.py --skip-multi-turn --skip-generate-batch \
@@ -160,7 +154,7 @@ item() {
   esac
 }
 items=("$@")
-[ ${#items[@]} -eq 0 ] && items=(capture-tests long-run cudnn-attention hybrid-conv vs-trl-long hybrid-train-triton engine-gpu-tests \
+[ ${#items[@]} -eq 0 ] && items=(capture-tests long-run hybrid-conv vs-trl-long hybrid-train-triton engine-gpu-tests \
     hybrid-eager-compiled hybrid-tests)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null

@@ -29,8 +29,8 @@ model.dtype=auto gives (bf16 on GPU, as every variant here). Its step is
 `Trainer.step`, so unlike the other variants it includes the optimizer step, and its peak memory AdamW's state; it
 packs with the trainer's own `row_tokens`, not `--row-tokens`. A line after the table names what it resolved to,
 and any frame compiled during the timed steps (there should be none) is reported with the row. `default-eager` is
-the same with `trainer.cuda_graphs=false`, `default-nocompile` with `model.compile_layers=false`, `default-cudnn`
-with cuDNN's varlen attention kernels; with the default two warm-up steps, `default`'s timed steps are replays.
+the same with `trainer.cuda_graphs=false`, `default-nocompile` with `model.compile_layers=false`; with the default
+two warm-up steps, `default`'s timed steps are replays.
 
 MFU counts 6 x (non-embedding params + vocab x hidden) per token plus causal attention (12 x layers x q_dim x
 mean context), over 790 TFLOP/s (the H200's measured bf16 dense peak, docs/anchors.md).
@@ -42,7 +42,7 @@ nothing (MFU is against the H200's peak).
 
 usage: python benchmarks/train_step.py [--tokens 25000] [--steps 3] [--warmup 2] [--variants default,ckpt,...]
                                      [--profile] [--shape random|hotpotqa|gsm8k] [--model-shape qwen3-0.6b|smollm2]
-       variants: default | default-eager | default-nocompile | default-cudnn
+       variants: default | default-eager | default-nocompile
                  | ckpt|nockpt[+compile[+mem<fraction>]][+varlen][+share][@rows per micro-batch]
 """
 
@@ -271,8 +271,7 @@ def print_profile(name, fn, model, batch, cfg):
 
 # The trainer as `agentrl train` builds it, with these options on top.
 DEFAULT_VARIANTS = {"default": [], "default-eager": ["--trainer.cuda_graphs=false"],
-                    "default-nocompile": ["--model.compile_layers=false"],
-                    "default-cudnn": ["--model.attn_implementation=agentrl_varlen_cudnn"]}
+                    "default-nocompile": ["--model.compile_layers=false"]}
 
 
 def parse_variant(variant: str) -> tuple[str, int | None]:
@@ -388,7 +387,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones (compiles)")
     ap.add_argument("--variants", default="ckpt",
                     help="comma list of default, default-eager (trainer.cuda_graphs=false), default-nocompile "
-                         "(model.compile_layers=false), default-cudnn (cuDNN's varlen attention) or "
+                         "(model.compile_layers=false) or "
                          "ckpt|nockpt[+compile][+varlen][+share][@rows per micro-batch], "
                          "e.g. default,ckpt,nockpt@1,nockpt+compile@1,nockpt+compile+varlen@1")
     ap.add_argument("--profile", action="store_true", help="print the kernel table of each variant")

@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 
 ATTN_IMPLEMENTATION = "agentrl_varlen"
-CUDNN_IMPLEMENTATION = "agentrl_varlen_cudnn"  # opt-in: cuDNN's varlen kernels where a row shares no prefix
 KV_INDEX = "agentrl_kv_index"  # the kwarg naming, for each gathered key, its position in the flat row
 
 # Implementations that read sample boundaries from the kwargs and so need the flat layout.
@@ -46,25 +45,6 @@ def flash_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, caus
     out = torch.ops.aten._flash_attention_forward(
         q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, dropout, causal, False, scale=scale)
     return out[0]
-
-
-def _cudnn_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
-    """cuDNN's varlen forward (the op PyTorch's nested-tensor SDPA uses; differentiable, CudnnAttentionBackward)."""
-    return torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu_q, cu_k, max_q, max_k, True, dropout, causal,
-                                                   False, scale=scale)[0]
-
-
-def cudnn_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
-    """cuDNN's varlen attention (CUDA, fp16/bf16), tried against flash's in the train step (its fused Hopper kernels
-    against flash attention 2's). Where a row's query and key sequences differ (a prefix-shared row's suffixes, whose
-    keys start with their prefix), flash's kernel runs: it aligns the causal mask to the end of the keys, and
-    whether cuDNN's varlen op does is not established. Fewer kv heads than query heads are expanded first."""
-    if q.shape[0] != k.shape[0]:
-        return flash_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, dropout)
-    if k.shape[1] != q.shape[1]:
-        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-    return _cudnn_forward(q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, scale, causal,
-                          dropout)
 
 
 def reference_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
@@ -116,15 +96,11 @@ def make_attention(kernel: Kernel, name: str):
     return attention
 
 
-KERNELS: dict[str, Kernel] = {ATTN_IMPLEMENTATION: flash_kernel, CUDNN_IMPLEMENTATION: cudnn_kernel}
-
-
-def register(name: str = ATTN_IMPLEMENTATION, kernel: Kernel | None = None) -> str:
-    """Register `kernel` (by default the one `KERNELS` names) with transformers as attention implementation `name`
-    (flat layout); returns the name."""
+def register(name: str = ATTN_IMPLEMENTATION, kernel: Kernel = flash_kernel) -> str:
+    """Register `kernel` with transformers as attention implementation `name` (flat layout); returns the name."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(name, make_attention(kernel or KERNELS[name], name))
+    AttentionInterface.register(name, make_attention(kernel, name))
     _FLAT.add(name)
     return name
 

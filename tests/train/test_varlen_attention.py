@@ -267,22 +267,20 @@ def _logprobs_and_grads(model, batches, weights, **kwargs):
 @pytest.mark.gpu
 @cuda
 def test_cuda_varlen_model_is_as_close_to_fp32_as_flex_and_sdpa():
-    """bf16 flat varlen (flash's kernel and cuDNN's) vs bf16 padded rows (flex_attention, sdpa), each against the
-    fp32 model on sdpa: the flat paths must be no further from fp32 than the padded ones are (a leak or wrong scale
-    is far further)."""
+    """bf16 flat varlen vs bf16 padded rows (flex_attention, sdpa), each against the fp32 model on sdpa: the
+    flat path must be no further from fp32 than the padded ones are (a leak or wrong scale is far further)."""
     batches = [b.to("cuda") for b in _micro_batches(320)]
     weights = [torch.randn(b.num_trainable, device="cuda") for b in batches]
     ref_lp, ref_grad = _logprobs_and_grads(_model("sdpa", device="cuda"), batches, weights)
     errors = {}
-    for impl in ("sdpa", "flex_attention", va.register(), va.register(va.CUDNN_IMPLEMENTATION)):
+    for impl in ("sdpa", "flex_attention", va.register()):
         model = _model(impl, dtype=torch.bfloat16, device="cuda")
         lp, grad = _logprobs_and_grads(model, batches, weights, pad_multiple=16)
         errors[impl] = (_rel(lp, ref_lp), _rel(grad, ref_grad))
     print(errors)
-    flat = [errors.pop(name) for name in (va.ATTN_IMPLEMENTATION, va.CUDNN_IMPLEMENTATION)]  # flash's, cuDNN's
-    for path in flat:
-        for i in range(2):
-            assert path[i] <= 2 * max(e[i] for e in errors.values()) + 1e-3, errors
+    flat = errors.pop(va.ATTN_IMPLEMENTATION)
+    for i in range(2):
+        assert flat[i] <= 2 * max(e[i] for e in errors.values()) + 1e-3, errors
 
 
 @pytest.mark.gpu
@@ -319,35 +317,3 @@ def test_trained_rows_found_on_the_host_equal_the_device_search():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     micro = moved.select_rows(1, 2)
     assert torch.equal(micro.host_loss_mask, batch.loss_mask[1:2])
-
-
-def test_the_cudnn_kernel_expands_kv_heads_and_leaves_prefix_shared_rows_to_flash(monkeypatch):
-    """`agentrl_varlen_cudnn`'s plumbing, with cuDNN's and flash's ops stood in by the per-segment reference: kv
-    heads are expanded to the query heads before cuDNN's op (GQA through it is not assumed), and a row whose key
-    sequences differ from its query sequences (prefix-shared) goes to flash, whose causal mask is aligned to the end
-    of the keys. The kernels themselves run in the GPU train-step benchmark (`default-cudnn`)."""
-    calls = []
-
-    def cudnn_stand_in(q, k, v, *rest):
-        calls.append(("cudnn", k.shape[1]))
-        return va.reference_kernel(q, k, v, *rest)
-
-    def flash_stand_in(*args):
-        calls.append(("flash",))
-        return va.reference_kernel(*args)
-
-    monkeypatch.setattr(va, "_cudnn_forward", cudnn_stand_in)
-    monkeypatch.setattr(va, "flash_kernel", flash_stand_in)
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(20, h, 8, generator=g) for h in (4, 2, 2))
-    cu = torch.tensor([0, 7, 12, 20], dtype=torch.int32)
-    out = va.cudnn_kernel(q, k, v, cu, cu, 8, 8, 0.35, True, 0.0)
-    torch.testing.assert_close(out, va.reference_kernel(q, k, v, cu, cu, 8, 8, 0.35, True, 0.0))
-    assert calls == [("cudnn", 4)]
-    keys, values = (torch.randn(26, 2, 8, generator=g) for _ in range(2))
-    cu_k = torch.tensor([0, 9, 16, 26], dtype=torch.int32)
-    shared = va.cudnn_kernel(q, keys, values, cu, cu_k, 8, 10, 0.35, True, 0.0)
-    torch.testing.assert_close(shared, va.reference_kernel(q, keys, values, cu, cu_k, 8, 10, 0.35, True, 0.0))
-    assert calls[-1] == ("flash",)
-    assert va.register(va.CUDNN_IMPLEMENTATION) == va.CUDNN_IMPLEMENTATION
-    assert va.takes_flat_layout(_model(va.CUDNN_IMPLEMENTATION))
