@@ -145,6 +145,16 @@ class FlatInputs:
     max_k: int
     kv_index: torch.Tensor | None = None  # [K] long
 
+    def __post_init__(self):
+        # Each tensor starts its own storage. The layouts arrive as views into one host-to-device copy (storage
+        # offsets > 1), a bucket's static copies are fresh tensors (offset 0), and compiled layers guard on the
+        # offset (0/1 specialization): the first capture would otherwise recompile every layer frame in the step
+        # that captures (tests/train/test_flat_graphs.py).
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor) and value.storage_offset():
+                setattr(self, f.name, value.clone())
+
     def key(self) -> tuple:
         kv = -1 if self.kv_index is None else self.kv_index.numel()
         return self.ids.numel(), self.cu_q.numel(), self.cu_k.numel(), kv, self.max_q, self.max_k

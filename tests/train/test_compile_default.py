@@ -17,6 +17,8 @@ from agentrl.run.config import TrainConfig
 from agentrl.sample import TrainingSample
 from agentrl.train import varlen_attention as va
 from agentrl.train.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
+from agentrl.train.flat_graphs import FlatGraphs, stand_in_capture
+from agentrl.train.logprobs import _decoder
 from agentrl.train.trainer import Trainer
 
 REFERENCE = va.register("agentrl_varlen_reference", va.reference_kernel)  # the GPU's flat layout, on CPU
@@ -94,7 +96,7 @@ def _step_samples(step: int, vocab: int) -> list[TrainingSample]:
     return samples
 
 
-def _trainer(attention: str, compiled: bool, share_prefix: bool = True) -> Trainer:
+def _trainer(attention: str, compiled: bool, share_prefix: bool = True, graphs: bool = False) -> Trainer:
     model = load_model("tiny-qwen3")[0]
     model.set_attn_implementation(attention)
     if compiled:  # as `agentrl train` compiles them, with a backend that needs no C++ toolchain
@@ -109,21 +111,27 @@ def _trainer(attention: str, compiled: bool, share_prefix: bool = True) -> Train
                       OptimConfig(lr=1e-3, eps=1e-5), total_steps=10)
     trainer.pad_multiple = 16  # the flat layout's padding tail, as on GPU (row_pad_multiple there)
     trainer.share_prefix = share_prefix
+    if graphs:  # the GPU default's graph buckets, with the CPU's stand-in capture (a replay runs the layers again)
+        trainer.graphs = FlatGraphs(_decoder(model), pad_multiple=16, row_tokens=96, capture=stand_in_capture)
     return trainer
 
 
-@pytest.mark.parametrize("attention,share_prefix", [(REFERENCE, True), (REFERENCE, False), ("sdpa", True)])
-def test_compiled_layers_settle_and_step_to_the_eager_weights(attention, share_prefix):
+@pytest.mark.parametrize("attention,share_prefix,graphs", [(REFERENCE, True, False), (REFERENCE, False, False),
+                                                          ("sdpa", True, False), (REFERENCE, True, True)],
+                         ids=["flat-shared", "flat", "rows", "flat-shared-graphs"])
+def test_compiled_layers_settle_and_step_to_the_eager_weights(attention, share_prefix, graphs):
     """The GPU default's flat varlen layout with prefix sharing (kv_index, per-step boundaries and Python-int max
     lengths), unshared, and the rows path with its tree mask: with sharing, the first step also runs the trainer's
     no-grad sharing check (two packed lengths in one step); without it the first step sees one length.
     On the flat layout (the GPU default) only the first step compiles: a compile in a later step makes it far slower
     than the rest, the 200-step GPU test's criterion. The rows path (fp32 on GPU, opt-in on CPU) compiles once more,
     in the step that first has a micro-batch of one row: dynamo specializes a dimension of size 1 even when dynamic.
-    Eight steps land on the eager trainer's weights."""
+    With the graph buckets, a bucket's second micro-batch is captured from static copies of its inputs: those
+    compile nothing new either (the layouts' views into one host-to-device copy have storage offsets, and compiled
+    layers guard on them). Eight steps land on the eager trainer's weights."""
     torch._dynamo.reset()
     frames = torch._dynamo.utils.counters["frames"]
-    eager, compiled = _trainer(attention, False, share_prefix), _trainer(attention, True, share_prefix)
+    eager, compiled = _trainer(attention, False, share_prefix), _trainer(attention, True, share_prefix, graphs)
     compiled_per_step, rows = [], set()
     try:
         for step in range(8):
@@ -137,6 +145,8 @@ def test_compiled_layers_settle_and_step_to_the_eager_weights(attention, share_p
     finally:
         torch._dynamo.reset()
     assert compiled_per_step[0] > 0 and len(rows) > 1  # it compiled, and on micro-batches of changing shapes
+    if graphs:
+        assert compiled.graphs.counts["captured"] >= 1  # a capture in a later step, from static copies
     settled = 1 if attention == REFERENCE else 2
     assert compiled_per_step[settled:] == [0] * (8 - settled), compiled_per_step
     for (name, want), got in zip(eager.model.named_parameters(), compiled.model.parameters()):
