@@ -277,8 +277,7 @@ class ChunkedLMHead(torch.autograd.Function):
         logprobs = hidden.new_empty(n, dtype=torch.float32)
         entropy = hidden.new_empty(n, dtype=torch.float32)
         lse = hidden.new_empty(n, dtype=torch.float32)
-        for s in range(0, n, chunk_size):
-            e = min(s + chunk_size, n)
+        for s, e in chunk_bounds(n, chunk_size):
             logprobs[s:e], entropy[s:e], lse[s:e] = stats(_logits(hidden[s:e], weight), targets[s:e], 1.0 / temperature)
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.temperature, ctx.chunk_size, ctx.compiled = temperature, chunk_size, compiled
@@ -297,8 +296,7 @@ class ChunkedLMHead(torch.autograd.Function):
         chunk, inv_temp = ctx.chunk_size, 1.0 / ctx.temperature
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
-        for s in range(0, hidden.shape[0], chunk):
-            e = min(s + chunk, hidden.shape[0])
+        for s, e in chunk_bounds(hidden.shape[0], chunk):
             g_lp = grad_logprobs[s:e] if grad_logprobs is not None else None
             g_ent = grad_entropy[s:e] if grad_entropy is not None else None
             gz = grad_step(_logits(hidden[s:e], weight), targets[s:e], lse[s:e], entropy[s:e], g_lp, g_ent, inv_temp,
@@ -313,6 +311,16 @@ class ChunkedLMHead(torch.autograd.Function):
         if need_weight:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
+
+
+def chunk_bounds(n: int, size: int) -> list[tuple[int, int]]:
+    """`[start, end)` of the chunks of `n` rows, `size` rows each; a last chunk of one row joins the one before.
+    Compiled, a chunk of one row is a size dynamo specializes even in a dynamic graph (0/1 specialization): one more
+    compile of both steps, in whichever training step first ends a micro-batch on one row."""
+    bounds = [(s, min(s + size, n)) for s in range(0, n, size)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], n)]
+    return bounds
 
 
 def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, inv_temp: float):
