@@ -104,6 +104,9 @@ item() {
     # (replays equal the padded eager steps bit for bit)
     capture-tests) TAIL=10 run "$1" 300 python3 -m pytest -m gpu tests/engine/test_engine_gpu.py \
         tests/train/test_flat_graphs_gpu.py -k "not hybrid" -q -rA --tb=short -p no:cacheprovider -p no:warnings ;;
+    # #16: the default trainer alone over 15 steps of changing shapes (SmolLM2 shape, random weights, no model
+    # files): frames compiled a step, recompile reasons in the log; after the first step there should be none
+    trainer-recompiles) TAIL=20 run "$1" 200 python3 benchmarks/trainer_recompiles.py --steps 15 ;;
     # #16: 200 steps with defaults (the engine's view compiled too since 21:50 UTC; captures no longer recompile the
     # trainer's layers, and the lm_head never meets a one-row chunk: both found on the CPU afterwards)
     long-run) TAIL=8 run "$1" 300 python3 -m pytest -m gpu tests/run/test_long_run_gpu.py -q -rA --tb=short \
@@ -154,7 +157,7 @@ item() {
   esac
 }
 items=("$@")
-[ ${#items[@]} -eq 0 ] && items=(capture-tests long-run hybrid-conv vs-trl-long hybrid-train-triton engine-gpu-tests \
+[ ${#items[@]} -eq 0 ] && items=(capture-tests trainer-recompiles long-run hybrid-conv vs-trl-long hybrid-train-triton engine-gpu-tests \
     hybrid-eager-compiled hybrid-tests)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
