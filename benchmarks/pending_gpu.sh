@@ -129,6 +129,11 @@ item() {
     # #16: the engine's decode steps read KV at 84% of the copy bandwidth at ~285 tokens of context (the
     # profile); the decode tile configs at that context against the default
     attention-sweep) TAIL=40 run "$1" 300 python3 benchmarks/attention.py --sweep --sweep-contexts 288,1024 ;;
+    # #16: Qwen3-0.6B at 50% MFU within 20 GiB: the default (one 8k row a micro-batch) against wider micro-batches,
+    # with the compiled layers recomputing their cheapest activations (run D on 2026-11-29, before the graphs: 48.2%
+    # with two rows at 22.4 GiB, 44.8% with two rows and a 0.6 budget at 17.1 GiB)
+    qwen-mfu) TAIL=16 run "$1" 400 python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf --steps 5 \
+        --variants "default,default+trainer.rows_per_micro_batch=2,default+trainer.rows_per_micro_batch=2+model.activation_memory_budget=0.6,default+trainer.rows_per_micro_batch=4+model.activation_memory_budget=0.4" ;;
     # #16: the engine's decode table (padded generate as the baseline, same run), then the profile of its decode steps
     # with each step's own roofline
     engine-roofline) TAIL=60 run "$1" 360 sh -c "python3 benchmarks/engine.py --skip-multi-turn --skip-generate-batch \

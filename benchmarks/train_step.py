@@ -29,8 +29,9 @@ model.dtype=auto gives (bf16 on GPU, as every variant here). Its step is
 `Trainer.step`, so unlike the other variants it includes the optimizer step, and its peak memory AdamW's state; it
 packs with the trainer's own `row_tokens`, not `--row-tokens`. A line after the table names what it resolved to,
 and any frame compiled during the timed steps (there should be none) is reported with the row. `default-eager` is
-the same with `trainer.cuda_graphs=false`, `default-nocompile` with `model.compile_layers=false`; with the default
-two warm-up steps, `default`'s timed steps are replays.
+the same with `trainer.cuda_graphs=false`, `default-nocompile` with `model.compile_layers=false`, and
+`default+key=value[+...]` with any run options on top; with the default two warm-up steps, `default`'s timed
+steps are replays.
 
 MFU counts 6 x (non-embedding params + vocab x hidden) per token plus causal attention (12 x layers x q_dim x
 mean context), over 790 TFLOP/s (the H200's measured bf16 dense peak, docs/anchors.md).
@@ -42,7 +43,7 @@ nothing (MFU is against the H200's peak).
 
 usage: python benchmarks/train_step.py [--tokens 25000] [--steps 3] [--warmup 2] [--variants default,ckpt,...]
                                      [--profile] [--shape random|hotpotqa|gsm8k] [--model-shape qwen3-0.6b|smollm2]
-       variants: default | default-eager | default-nocompile
+       variants: default | default-eager | default-nocompile | default+key=value[+key=value...]
                  | ckpt|nockpt[+compile[+mem<fraction>]][+varlen][+share][@rows per micro-batch]
 """
 
@@ -274,10 +275,32 @@ DEFAULT_VARIANTS = {"default": [], "default-eager": ["--trainer.cuda_graphs=fals
                     "default-nocompile": ["--model.compile_layers=false"]}
 
 
+def default_overrides(variant: str) -> list[str] | None:
+    """The options a `default...` variant sets on top of the defaults, or None for another kind of variant:
+    `default-eager` and the like by name, `default+key=value[+key=value...]` any run option (`key` as on the command
+    line without its dashes, e.g. `default+trainer.rows_per_micro_batch=2+model.activation_memory_budget=0.6`)."""
+    if variant in DEFAULT_VARIANTS:
+        return DEFAULT_VARIANTS[variant]
+    if not variant.startswith("default+"):
+        return None
+    options = variant.split("+")[1:]
+    if not all("=" in o and o.split("=", 1)[0] for o in options):
+        raise SystemExit(f"variant {variant!r}: expected default+key=value[+key=value...]")
+    return [f"--{o}" for o in options]
+
+
 def parse_variant(variant: str) -> tuple[str, int | None]:
     """`kind@rows` -> (kind, rows per micro-batch or None for all rows), checked before any GPU time is spent.
-    `default` takes everything from the trainer's defaults, so it has no parts and no @rows."""
-    if variant in DEFAULT_VARIANTS:
+    `default...` takes everything else from the trainer's defaults, so it has no parts and no @rows; its options
+    are checked by the run's own config."""
+    overrides = default_overrides(variant)
+    if overrides is not None:
+        from agentrl.run.config import TrainConfig
+
+        try:
+            TrainConfig.from_dict({}, overrides)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise SystemExit(f"variant {variant!r}: {exc}") from None
         return variant, None
     kind, _, micro = variant.partition("@")
     parts = kind.split("+")
@@ -352,7 +375,7 @@ def default_trainer(model, overrides: list[str] = ()):
     t = cfg.trainer
     line = (f"default on {on}: attention {model.config._attn_implementation}, compiled layers "
             f"{'on' if compiled else 'off'} (activation budget {cfg.model.activation_memory_budget}), "
-            f"{t.rows_per_micro_batch} row(s) a micro-batch, rows of {t.row_tokens} padded to {trainer.pad_multiple}, "
+            f"{trainer.rows_per_micro_batch} row(s) a micro-batch, rows of {t.row_tokens} padded to {trainer.pad_multiple}, "
             f"prefix sharing {'on' if trainer.share_prefix else 'off'}, lm_head chunks of {t.logprob_chunk_size}, "
             f"CUDA graphs {'on' if trainer.graphs is not None else 'off'}")
     return trainer, line
@@ -424,8 +447,8 @@ def main():
         check = varlen_check(model, batch)
         print(check, flush=True)  # now as well as in the summary, in case a later variant takes the process down
     for variant, kind, micro in variants:
-        if kind in DEFAULT_VARIANTS:
-            trainer, line = default_trainer(model, DEFAULT_VARIANTS[kind])
+        if default_overrides(kind) is not None:
+            trainer, line = default_trainer(model, default_overrides(kind))
             notes.append(line)
             trained = trainer.pack(samples)  # also runs the trainer's one-time sharing check, as its first step does
 
