@@ -149,7 +149,7 @@ class FlatInputs:
         # Each tensor starts its own storage. The layouts arrive as views into one host-to-device copy (storage
         # offsets > 1), a bucket's static copies are fresh tensors (offset 0), and compiled layers guard on the
         # offset (0/1 specialization): the first capture would otherwise recompile every layer frame in the step
-        # that captures (tests/train/test_flat_graphs.py).
+        # that captures (tests/train/test_compile_default.py, the graphs case).
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, torch.Tensor) and value.storage_offset():
