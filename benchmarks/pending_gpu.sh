@@ -126,6 +126,12 @@ item() {
     vs-trl-long) TAIL=12 run "$1" 590 python3 benchmarks/vs_trl.py --data "$DATA/gsm8k/train.jsonl" --trl-backends \
         generate --steps 30 --warmup-steps 10 --agentrl-variants \
         "model.compile_layers=false;engine.compile=false" --out "$OUT/vs_trl.md" ;;
+    # #16: the default step waits 0.13-0.18 s for rollouts: a step's 64 rollouts take 128 sequential decode steps,
+    # with 128 in flight and one finished batch allowed to wait. Deeper pipelining (more in flight, two ready
+    # batches) against the defaults, 30 steps; it trades staleness (the loss/stale_tokens metric) for the wait
+    vs-trl-pipeline) TAIL=12 run "$1" 590 python3 benchmarks/vs_trl.py --data "$DATA/gsm8k/train.jsonl" \
+        --trl-backends generate --steps 30 --warmup-steps 10 --agentrl-variants \
+        "rollout.max_ready_batches=2;rollout.rollouts_in_flight=256,rollout.max_ready_batches=2" --out "$OUT/vs_trl.md" ;;
     # #16: the engine's decode steps read KV at 84% of the copy bandwidth at ~285 tokens of context (the
     # profile); the decode tile configs at that context against the default
     attention-sweep) TAIL=40 run "$1" 300 python3 benchmarks/attention.py --sweep --sweep-contexts 288,1024 ;;

@@ -180,6 +180,7 @@ class Steps:
     packed_s: list = field(default_factory=list)  # agentrl: seconds of packing the step's batch, before the above
     rest_s: list = field(default_factory=list)  # agentrl: the step's seconds less its wait, packing and trainer step
     captured: list = field(default_factory=list)  # agentrl: CUDA graphs the trainer captured in the step
+    staleness: list = field(default_factory=list)  # agentrl: trained tokens' mean age in policy versions
     peak_gib: float | None = None
     error: str | None = None
 
@@ -225,6 +226,7 @@ def run_agentrl(cfg: TrainConfig, steps: Steps) -> None:
         steps.packed_s.append(m.get("pack_seconds", 0.0))
         steps.rest_s.append(m["seconds"] - m["wait_seconds"] - m["train_seconds"] - m.get("pack_seconds", 0.0))
         steps.captured.append(m.get("flat_graphs_captured", 0))
+        steps.staleness.append(m.get("loss/staleness_mean", 0.0))
 
 
 def plain_model_dir(name: str, tmp: Path) -> Path:
@@ -329,7 +331,8 @@ def render(args, results: list[Steps], rows: list, unmatched: list, header: list
                          f"{statistics.median(s.waited[skip:]):.3f} s, median trainer step "
                          f"{statistics.median(s.trained_s[skip:]):.3f} s, median packing "
                          f"{statistics.median(s.packed_s[skip:]):.3f} s, median rest of the step "
-                         f"{statistics.median(s.rest_s[skip:]):.3f} s.")
+                         f"{statistics.median(s.rest_s[skip:]):.3f} s, trained tokens' mean staleness "
+                         f"{statistics.fmean(s.staleness[skip:]):.2f} policy versions.")
     lines += ["", "Seconds per step: " + "; ".join(f"{s.name} [{', '.join(f'{v:.3f}' for v in s.seconds)}]"
                                                   for s in results if s.seconds)]
     captures = [f"{s.name}: steps {[i + 1 for i, c in enumerate(s.captured) if c]}" for s in results if any(s.captured)]
