@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from agentrl import compile_watch
 from agentrl.chat import ChatFormat
 from agentrl.chat.template import TOOL_TAGS
 from agentrl.engine import Engine, EngineConfig
@@ -59,6 +61,7 @@ class Run:
     sample_log: object = None  # agentrl.run.replay.SampleLog when metrics.log_samples
     engine_stats: object = None  # the engine's counters at the end of the last step
     compiled_frames: int = 0  # frames dynamo had compiled by the end of the last step (`compiled_frames`)
+    compile_seconds: dict = field(default_factory=dict)  # compile_watch's seconds by thread at the same point
     started: float = field(default_factory=time.perf_counter)
     parallel: ParallelRun | None = None  # this process's place in a run of several; None for one process
 
@@ -304,6 +307,8 @@ def start(run: Run) -> None:
         run.driver.start()
     run.engine_stats = run.engine.stats
     run.compiled_frames = compiled_frames()
+    compile_watch.install()
+    run.compile_seconds = compile_watch.compile_seconds()
     run.started = time.perf_counter()
 
 
@@ -358,8 +363,13 @@ def step(run: Run) -> dict:
     run.engine_stats = now
     total_frames = compiled_frames()
     frames, run.compiled_frames = total_frames - run.compiled_frames, total_frames
+    compiling = compile_watch.since(run.compile_seconds)
+    run.compile_seconds = compile_watch.compile_seconds()
+    # The trainer compiles in this thread, the engine in its own (in alternating runs both in this one).
+    mine = compiling.pop(threading.current_thread().name, 0.0)
     metrics = {"loss": trained.pop("loss"), **trained, "seconds": seconds, "wait_seconds": waited,
-               "compiled_frames": frames, "ready_groups": len(run.driver.pool),
+               "compiled_frames": frames, "compile_seconds_trainer": mine,
+               "compile_seconds_engine": sum(compiling.values()), "ready_groups": len(run.driver.pool),
                "ready_pool_age_s": run.driver.pool.oldest_age(),
                "rollouts_in_flight": run.driver.stats.in_flight,
                "prompts_too_long": run.driver.stats.prompts_too_long, **generation,

@@ -12,8 +12,9 @@ import torch
 from agentrl.cli import main
 
 # What a slow step did, from its metrics: whether it compiled, captured the trainer's graphs, or waited.
-WHY = ("seconds", "wait_seconds", "train_seconds", "compiled_frames", "flat_graphs_eager", "flat_graphs_captured",
-       "graph_capture_wait_seconds", "engine_paused_share")
+WHY = ("seconds", "wait_seconds", "train_seconds", "compiled_frames", "compile_seconds_trainer",
+       "compile_seconds_engine", "flat_graphs_eager", "flat_graphs_captured", "graph_capture_wait_seconds",
+       "engine_paused_share")
 
 
 @pytest.mark.gpu

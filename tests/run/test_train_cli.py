@@ -22,6 +22,7 @@ def test_train_gsm8k_tiny_qwen3_three_steps_then_resume(tmp_path, monkeypatch, c
         assert r["loss/is_ratio_max"] < 1.01  # same weights in engine and trainer: behaviour logprobs agree
         assert sum(r["loss/staleness_hist"].values()) == r["tokens"]  # every trained token, by its policy lag
         assert r["compiled_frames"] == 0  # nothing is compiled on the CPU by default
+        assert r["compile_seconds_trainer"] == r["compile_seconds_engine"] == 0.0  # by either thread
     assert latest_checkpoint(run) == step_dir(run, 3)
     assert (run / "final" / "config.json").exists()  # the plain model directory `agentrl eval --model` loads
     # the trackers saw the same steps as the JSONL
