@@ -181,6 +181,7 @@ class Steps:
     rest_s: list = field(default_factory=list)  # agentrl: the step's seconds less its wait, packing and trainer step
     captured: list = field(default_factory=list)  # agentrl: CUDA graphs the trainer captured in the step
     staleness: list = field(default_factory=list)  # agentrl: trained tokens' mean age in policy versions
+    compiling: list = field(default_factory=list)  # agentrl: (trainer's, engine's) seconds of torch.compile
     peak_gib: float | None = None
     error: str | None = None
 
@@ -227,6 +228,7 @@ def run_agentrl(cfg: TrainConfig, steps: Steps) -> None:
         steps.rest_s.append(m["seconds"] - m["wait_seconds"] - m["train_seconds"] - m.get("pack_seconds", 0.0))
         steps.captured.append(m.get("flat_graphs_captured", 0))
         steps.staleness.append(m.get("loss/staleness_mean", 0.0))
+        steps.compiling.append((m.get("compile_seconds_trainer", 0.0), m.get("compile_seconds_engine", 0.0)))
 
 
 def plain_model_dir(name: str, tmp: Path) -> Path:
@@ -339,6 +341,11 @@ def render(args, results: list[Steps], rows: list, unmatched: list, header: list
     if captures:
         lines.append("Steps in which the trainer captured CUDA graphs (a bucket's second micro-batch): "
                      + "; ".join(captures))
+    compiles = [f"{s.name}: " + ", ".join(f"step {i + 1} ({t:.1f} s trainer, {e:.1f} s engine)"
+                                          for i, (t, e) in enumerate(s.compiling) if t + e >= 0.05)
+                for s in results if any(t + e >= 0.05 for t, e in s.compiling)]
+    if compiles:
+        lines.append("Steps in which torch.compile ran (its seconds by thread): " + "; ".join(compiles))
     lines += ["", "Reward per step: " + "; ".join(f"{s.name} [{', '.join(f'{v:.2f}' for v in s.reward)}]"
                                                  for s in results if s.reward)]
     trl = [(s.summary(args.warmup_steps)["s/step"], s.name) for s in results
