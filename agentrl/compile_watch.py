@@ -51,7 +51,8 @@ def compile_seconds() -> dict[str, float]:
         return dict(_seconds)
 
 
-def since(before: dict[str, float]) -> dict[str, float]:
-    """What `compile_seconds()` gained since `before`, threads that compiled nothing left out."""
+def since(before: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """What `compile_seconds()` gained since `before` (threads that compiled nothing left out), and its value now
+    (the next call's `before`)."""
     now = compile_seconds()
-    return {name: s - before.get(name, 0.0) for name, s in now.items() if s - before.get(name, 0.0) > 0}
+    return {name: s - before.get(name, 0.0) for name, s in now.items() if s - before.get(name, 0.0) > 0}, now

@@ -66,8 +66,8 @@ def load(parts: Path, root: Path = ROOT) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         archive = join(parts, Path(tmp))
         with tarfile.open(archive) as tar:
-            members = [m for m in tar.getmembers() if m.name.split("/")[0] in CACHES and ".." not in m.name.split("/")
-                       and (m.isfile() or m.isdir()) and not (root / m.name).exists()]
+            # filter="data" refuses paths that leave `root` and anything but plain files and folders
+            members = [m for m in tar.getmembers() if m.name.split("/")[0] in CACHES and not (root / m.name).exists()]
             tar.extractall(root, members=members, filter="data")
     return f"loaded {len(members)} entries into {root}"
 

@@ -363,8 +363,7 @@ def step(run: Run) -> dict:
     run.engine_stats = now
     total_frames = compiled_frames()
     frames, run.compiled_frames = total_frames - run.compiled_frames, total_frames
-    compiling = compile_watch.since(run.compile_seconds)
-    run.compile_seconds = compile_watch.compile_seconds()
+    compiling, run.compile_seconds = compile_watch.since(run.compile_seconds)
     # The trainer compiles in this thread, the engine in its own (in alternating runs both in this one).
     mine = compiling.pop(threading.current_thread().name, 0.0)
     metrics = {"loss": trained.pop("loss"), **trained, "seconds": seconds, "wait_seconds": waited,
