@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import functools
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -228,12 +229,16 @@ def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=No
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         compiled_before = frames["total"]
-        t = time.perf_counter()
+        # Each step timed on its own and the median reported: one step slowed by something outside the trainer (a
+        # collection, the host) moved a mean of five by a fifth between identical rows of one process.
+        times = []
         for _ in range(steps):
+            t = time.perf_counter()
             fn(model, batch, cfg)
             model.zero_grad(set_to_none=True)
-        synchronize()
-        seconds = (time.perf_counter() - t) / steps
+            synchronize()
+            times.append(time.perf_counter() - t)
+        seconds = statistics.median(times)
         compiled = frames["total"] - compiled_before
         if profile:
             print_profile(name, fn, model, batch, cfg)
@@ -249,7 +254,7 @@ def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=No
     flops = flops_per_step(model, batch)
     trained_tokens = trained_tokens or batch.num_tokens
     return {"name": name, "seconds": seconds, "tok_s": trained_tokens / seconds, "reserved_gib": reserved,
-            "mfu": flops / seconds / PEAK_FLOPS, "peak_gib": peak, "compiled_frames": compiled}
+            "mfu": flops / seconds / PEAK_FLOPS, "peak_gib": peak, "compiled_frames": compiled, "step_seconds": times}
 
 
 def print_profile(name, fn, model, batch, cfg):
@@ -482,6 +487,9 @@ def main():
         recompiled = f"  ({r['compiled_frames']} frames compiled in the timed steps)" if r["compiled_frames"] else ""
         print(f"{r['name']:<{width}} {r['seconds']:>8.3f} {r['tok_s']:>9,.0f} {r['mfu']:>6.1%} "
               f"{r['peak_gib']:>9.1f} {r['reserved_gib']:>9.1f}{recompiled}")
+    print("s/step is the median of the timed steps; each step, s: "
+          + "; ".join(f"{r['name']} [{', '.join(f'{t:.3f}' for t in r['step_seconds'])}]" for r in rows
+                      if "step_seconds" in r))
 
 
 if __name__ == "__main__":
