@@ -151,6 +151,9 @@ def trl_fields(cfg: TrainConfig, *, cuda: bool, micro_batch: int | None = None) 
          "TRL's tool loop is not used"),
         ("trainer.* (row_tokens, share_prefix, ...)", "ours packs samples into rows and computes a group's "
          "prompt once; TRL pads each micro-batch (--trl-micro-batch sets its size)"),
+        ("trainer.skip_zero_advantage", f"{cfg.trainer.skip_zero_advantage}: ours leaves the samples of zero "
+         "advantage (a group that scored alike) out of the forward and backward, as they add nothing to the "
+         "gradient; TRL computes them. Trained tokens/s count every sample of the step in both"),
         ("engine.gpu_memory_fraction", f"{cfg.engine.gpu_memory_fraction}: ours sizes its KV pool up front from "
          "the free GPU memory, and the peak includes it; TRL's generate allocates a cache per batch"),
         ("model.attn_implementation", "ours: varlen flash attention on GPU (sdpa on CPU); TRL: transformers' "

@@ -139,21 +139,9 @@ def my_share(samples: Sequence[Any], mesh: Mesh) -> list[Any]:
 def pooled_loss_denominator(samples: Sequence[Any], loss_cfg, current_version: int) -> float:
     """The loss denominator `D` of the whole pooled batch (`agentrl.train.loss.loss_denominator` over the union),
     which every replica divides its part of the loss by so that the summed gradients equal one process's."""
-    from agentrl.train.loss import loss_denominator
-    from agentrl.train.pack import TrainableTokens
+    from agentrl.train.loss import samples_loss_denominator
 
-    versions, index = [], []
-    for i, s in enumerate(samples):
-        for t in range(1, len(s)):  # targets are tokens 1.. (the pack module's shift convention)
-            if s.trainable[t]:
-                versions.append(s.versions[t])
-                index.append(i)
-    m = len(versions)
-    tokens = TrainableTokens(target_ids=torch.zeros(m, dtype=torch.long),
-                             behaviour_logprobs=torch.zeros(m), advantages=torch.zeros(m),
-                             versions=torch.tensor(versions, dtype=torch.long),
-                             sample_index=torch.tensor(index, dtype=torch.long), num_samples=len(samples))
-    return float(loss_denominator(tokens, loss_cfg, current_version))
+    return samples_loss_denominator(samples, loss_cfg, current_version)
 
 
 # ------------------------------------------------------------------------------------------- collectives

@@ -144,7 +144,7 @@ def combine_train_metrics(rows: Sequence[dict], pooled_loss: float) -> dict:
     out = dict(rows[0])  # grad_norm, lr, skipped: the same on every replica
     out["loss"] = pooled_loss
     for key in ("trained_tokens", "generated_tokens", "rows", "tokens", "computed_tokens", "prefix_shared_tokens",
-                "prefix_tree_shared_tokens"):
+                "prefix_tree_shared_tokens", "zero_advantage_samples", "zero_advantage_tokens"):
         if not any(key in r for r in rows):
             continue
         out[key] = sum(r.get(key, 0) for r in rows)

@@ -169,6 +169,10 @@ class TrainerConfig:
     # eagerly, at a step that differs between a straight and a resumed run) and with release_kv_during_step (the
     # graphs keep their activation memory, which that option means to hand over).
     cuda_graphs: bool | None = None
+    # Leave out of the forward and backward the samples whose advantage is 0 (a group whose members all scored
+    # alike): they add exactly nothing to the gradient (agentrl.train.loss.carries_gradient), and the update stays
+    # the one over every sample. false: run them anyway, e.g. for loss diagnostics over every token.
+    skip_zero_advantage: bool = True
 
     def __post_init__(self):
         check_types(self, "trainer")

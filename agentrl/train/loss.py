@@ -22,6 +22,9 @@ down-weighted (kept in the counts, with weight `stale_weight`).
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
 import torch
 
 from agentrl.train.config import LossConfig
@@ -57,6 +60,28 @@ def _token_weights(tokens: TrainableTokens, cfg: LossConfig, current_version: in
 def loss_denominator(tokens: TrainableTokens, cfg: LossConfig, current_version: int) -> torch.Tensor:
     """`D` of the whole batch, for callers that run it as several micro-batches (pass it to each `policy_loss`)."""
     return _token_weights(tokens, cfg, current_version)[1]
+
+
+def samples_loss_denominator(samples: Sequence, cfg: LossConfig, current_version: int) -> float:
+    """`D` of a batch of samples without packing them: what `loss_denominator` gives for their packed batch. Callers
+    that train only part of a batch divide by the whole one's: replicas (each trains its share) and a trainer that
+    leaves out the samples that carry no gradient (`carries_gradient`)."""
+    versions = [np.asarray(s.versions[1:], dtype=np.int64)[np.asarray(s.trainable[1:], dtype=bool)] for s in samples]
+    m = sum(len(v) for v in versions)
+    index = np.repeat(np.arange(len(samples)), [len(v) for v in versions])
+    tokens = TrainableTokens(target_ids=torch.zeros(m, dtype=torch.long), behaviour_logprobs=torch.zeros(m),
+                             advantages=torch.zeros(m),
+                             versions=torch.from_numpy(np.concatenate(versions) if versions else np.zeros(0, np.int64)),
+                             sample_index=torch.from_numpy(index), num_samples=len(samples))
+    return float(loss_denominator(tokens, cfg, current_version))
+
+
+def carries_gradient(sample) -> bool:
+    """Whether `sample` can move the parameters. Every loss here is a sum of per-token terms each scaled by its
+    sample's advantage (the clip, the importance cap and the staleness weight only rescale them), so a sample whose
+    advantage is 0 (a group whose members all scored alike) adds exactly zero to the gradient; its tokens still
+    count in `D`, which `samples_loss_denominator` takes over the whole batch."""
+    return sample.advantage != 0.0
 
 
 def policy_loss(logprobs: torch.Tensor, tokens: TrainableTokens, cfg: LossConfig, *, current_version: int,

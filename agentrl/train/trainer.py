@@ -18,7 +18,7 @@ from agentrl.sample import TrainingSample
 from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig
 from agentrl.train.flat_graphs import FlatGraphs
 from agentrl.train.logprobs import _decoder, is_hybrid, packed_token_logprobs
-from agentrl.train.loss import loss_denominator, policy_loss
+from agentrl.train.loss import carries_gradient, policy_loss, samples_loss_denominator
 from agentrl.train.micro_batch import default_rows_per_micro_batch
 from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
 from agentrl.train.pack import pack_samples
@@ -84,14 +84,19 @@ class Trainer:
              guard: Callable[[], ContextManager] = contextlib.nullcontext) -> dict:
         """Train on `samples` (generated up to `policy_version`); returns the step's metrics."""
         cfg = self.config
+        if not samples:
+            raise ValueError("Trainer.step needs at least one sample")
         # Everything a micro-batch needs is built on the host and copied without blocking; the only waits on the
         # device come after the last backward (the loss and the metrics).
         packing = time.perf_counter()
-        batch = self.pack(samples)
+        trained = [s for s in samples if carries_gradient(s)] if cfg.skip_zero_advantage else list(samples)
+        # Over every sample, the left-out ones included: the update is the one over the whole batch.
+        denominator = samples_loss_denominator(samples, self.loss_config, policy_version)
+        if not trained:
+            return self._zero_gradient_step(samples, guard)
+        batch = self.pack(trained)
         pack_seconds = time.perf_counter() - packing
         graph_counts = dict(self.graphs.counts) if self.graphs is not None else {}
-        tokens = batch.trainable_tokens()
-        denominator = float(loss_denominator(tokens, self.loss_config, policy_version))
         started = time.perf_counter()
         loss_sum, pending = 0.0, []
         n_rows = batch.input_ids.shape[0]
@@ -121,19 +126,42 @@ class Trainer:
         with guard():
             result = self.stepper.step(torch.tensor(loss_total))
         seconds = time.perf_counter() - started
-        trained = sum(len(s) for s in samples)
         return {"loss": loss_total, "grad_norm": result.grad_norm, "lr": result.lr, "skipped": result.skipped,
-                "train_seconds": seconds, "pack_seconds": pack_seconds, "trained_tokens": trained,
-                "trained_tokens_per_s": trained / max(seconds, 1e-9),
-                "generated_tokens": int(tokens.target_ids.numel()), "rows": n_rows,
-                **token_counts(samples, batch), **merge_metrics(metrics_rows),
+                "train_seconds": seconds, "pack_seconds": pack_seconds, "rows": n_rows,
+                **sample_counts(samples, trained, seconds), **token_counts(trained, batch),
+                **merge_metrics(metrics_rows),
                 **{f"flat_graphs_{k}": self.graphs.counts[k] - v for k, v in graph_counts.items()}}
+
+    def _zero_gradient_step(self, samples: Sequence[TrainingSample], guard) -> dict:
+        """A batch in which no sample carries a gradient: no forward, but the update still runs on zero gradients,
+        as it would after computing them (AdamW's moments decay and its step advances; a missing gradient would
+        leave the parameters out of the update instead)."""
+        started = time.perf_counter()
+        for p in self.model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        with guard():
+            result = self.stepper.step(torch.zeros(()))
+        seconds = time.perf_counter() - started
+        return {"loss": 0.0, "grad_norm": result.grad_norm, "lr": result.lr, "skipped": result.skipped,
+                "train_seconds": seconds, "pack_seconds": 0.0, "rows": 0, **sample_counts(samples, [], seconds),
+                "computed_tokens": 0, "prefix_shared_tokens": 0, "prefix_tree_shared_tokens": 0}
 
     def state_dict(self) -> dict:
         return {"stepper": self.stepper.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.stepper.load_state_dict(state["stepper"])
+
+
+def sample_counts(samples: Sequence[TrainingSample], trained: Sequence[TrainingSample], seconds: float) -> dict:
+    """`trained_tokens`: the batch's tokens, every sample's (the update is the one over all of them);
+    `zero_advantage_samples` / `_tokens`: those left out of the forward as carrying no gradient."""
+    tokens = sum(len(s) for s in samples)
+    left_out = tokens - sum(len(s) for s in trained)
+    return {"trained_tokens": tokens, "trained_tokens_per_s": tokens / max(seconds, 1e-9),
+            "generated_tokens": sum(s.num_trainable for s in samples),
+            "zero_advantage_samples": len(samples) - len(trained), "zero_advantage_tokens": left_out}
 
 
 def token_counts(samples: Sequence[TrainingSample], batch) -> dict:

@@ -11,7 +11,10 @@ def test_train_gsm8k_tiny_qwen3_three_steps_then_resume(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     trackers = install_fake_trackers(monkeypatch)
     # Short turns keep a random model's rollouts (which rarely end by themselves) quick on a CPU.
-    small = ["--rollout.max_new_tokens=16", "--rollout.group_size=4", "--rollout.groups_per_step=2"]
+    # A random model scores 0 on every rollout: every advantage is 0, and by default the trainer would leave every
+    # sample out of its forward, with them the loss diagnostics read below.
+    small = ["--rollout.max_new_tokens=16", "--rollout.group_size=4", "--rollout.groups_per_step=2",
+             "--trainer.skip_zero_advantage=false"]
     assert main(["train", "gsm8k_math", "--model", "tiny-qwen3", "--max-steps", "3", *small,
                  "--metrics.report_to=trackio,tensorboard"]) == 0
     run = tmp_path / "runs" / "gsm8k_math"

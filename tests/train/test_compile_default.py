@@ -107,7 +107,8 @@ def _trainer(attention: str, compiled: bool, share_prefix: bool = True, graphs: 
     # Adam divides a near-zero gradient by its own tiny magnitude, which would blow that rounding up to lr.
     # A step's rows in one forward/backward, as the micro-batch default gives a small model on a large GPU: then a
     # step sees one packed length, and the second length seen comes in the second step.
-    trainer = Trainer(model, TrainerConfig(row_tokens=96, rows_per_micro_batch=8), LossConfig(),
+    # Every sample trained, those of zero advantage too: the shapes below are what these steps are chosen for.
+    trainer = Trainer(model, TrainerConfig(row_tokens=96, rows_per_micro_batch=8, skip_zero_advantage=False), LossConfig(),
                       OptimConfig(lr=1e-3, eps=1e-5), total_steps=10)
     trainer.pad_multiple = 16  # the flat layout's padding tail, as on GPU (row_pad_multiple there)
     trainer.share_prefix = share_prefix

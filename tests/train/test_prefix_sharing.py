@@ -56,7 +56,7 @@ def _groups(vocab=300, seed=0):
     # Group 2: a 14-token prompt, two members diverge immediately, two after three generated tokens.
     prompt, common = r(14), r(3)
     for k, tail in enumerate((r(5), r(7), common + r(4), common + r(2))):
-        samples.append(_sample(prompt + tail, [0] * 14 + [1] * len(tail), -1.0 + k, 2, seed=20 + k))
+        samples.append(_sample(prompt + tail, [0] * 14 + [1] * len(tail), -1.25 + k, 2, seed=20 + k))
     # Group 3: every member the whole shared history (identical), trained inside it.
     history = r(4) + r(5)
     for k in range(4):
