@@ -1,8 +1,7 @@
 """How many aten ops one pure-decode step of the engine's view runs, by op, for a model shape (CPU, no GPU needed).
 
-In training the engine's view runs eager layers (`engine.compile` is opt-in there), replayed from CUDA graphs: a
-small model's decode step is then bound by the kernels inside the graph, a few microseconds each whatever their
-size. This counts the ops a decode step dispatches (views and metadata ops launch no kernel; the rest roughly one
+With eager layers (`engine.compile=false`; compiled is the default on CUDA), replayed from CUDA graphs, a small
+model's decode step is bound by the kernels inside the graph, a few microseconds each whatever their size. This counts the ops a decode step dispatches (views and metadata ops launch no kernel; the rest roughly one
 each), so the kernel count of a shape can be read without a GPU.
 
 usage: python benchmarks/decode_ops.py [--model-shape smollm2|qwen3-0.6b] [--seqs 8]

@@ -34,7 +34,7 @@ script runs, no figure); there any error ends the run, on the GPU a failing part
 
 usage: python benchmarks/hybrid.py [--quick] [--skip-hf] [--parts decode,prefill,train] [--tokens 25000]
                                    [--steps 3] [--budget 300] [--smoke] [--step-times] [--cprofile] [--profile]
-                                   [--train-profile] [--train-groups] [--train-compile] [--engine-compile]
+                                   [--train-profile] [--train-groups] [--train-compile] [--engine-eager]
                                    [--passes 2]
 """
 
@@ -215,7 +215,7 @@ def decode_part(model, sizes: Sizes, args, report: Report, device) -> None:
     start = time.perf_counter()
     # A prefill budget of 8192 tokens a step admits 32 prompts of 256 at once, as in engine.py.
     engine = Engine(model, EngineConfig(max_num_seqs=n, max_model_len=plen + new + 64, max_tokens_per_step=8192,
-                                        compile=args.engine_compile or None))
+                                        compile=False if args.engine_eager else None))
     # The warm-up runs the timed pass's whole length: Triton kernels specialise on the contexts they meet (a first
     # run on a fresh machine compiled 29 of them inside the timed pass after a 16-token warm-up). Even so, a fresh
     # machine's first timed pass still compiled (BENCHMARKS.md), so `--passes 2` (the default) times a pass of new
@@ -397,8 +397,8 @@ def main():
                     help="train: hotpotqa_search-shaped groups sharing a prompt, and the trainer unshared as a row")
     ap.add_argument("--passes", type=int, default=2,
                     help="decode: timed passes of new prompts after the warm-up; the last is the table's row")
-    ap.add_argument("--engine-compile", action="store_true",
-                    help="decode: compile the engine view's decoder layers (opt-in for hybrids)")
+    ap.add_argument("--engine-eager", action="store_true",
+                    help="decode: the engine view's decoder layers eager (compiled by default on CUDA)")
     ap.add_argument("--step-times", action="store_true", help="decode: the timed pass's steps by kind and time")
     ap.add_argument("--cprofile", action="store_true", help="decode: the timed pass under cProfile (host time)")
     ap.add_argument("--budget", type=float, default=300.0,

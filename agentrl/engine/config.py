@@ -39,9 +39,9 @@ class EngineConfig:
     `overlap`: queue step n+1 on the device before waiting for step n's sampled tokens (they reach step n+1 on
     the device), so host bookkeeping and scheduling run while the device computes. Off: each step is waited for
     before the next is scheduled. Outputs are identical either way.
-    `compile`: torch.compile the view's decoder layers (None: on CUDA for models without linear-attention
-    layers; true compiles a hybrid's too, around its delta-net state updates; never on a tensor-parallel model); the
-    training model is untouched. Costs a compile at the first steps.
+    `compile`: torch.compile the view's decoder layers (None: on CUDA, a hybrid's around its delta-net state
+    updates; never on a tensor-parallel model); the training model is untouched. Costs a compile at the first
+    steps.
     On a tensor-parallel model every tp rank must use the same config (checked when the engine is built).
     `separate_stream`: the background thread (`Engine.start()`, as in training) queues its kernels on a CUDA stream
     of its own rather than the one the trainer's thread uses, so the GPU may run decode steps and training kernels
