@@ -227,6 +227,11 @@ def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=No
             model.zero_grad(set_to_none=True)
         synchronize()
         if torch.cuda.is_available():
+            # The warm-up's free cached blocks go back (the graphs' pools stay: their graphs own them), so the peak
+            # reserved below is what the steady step holds: its live tensors, what it caches, the graphs' pools.
+            # Captures no longer empty the cache themselves (graph_capture.record_graph), and the caching allocator
+            # frees such blocks on its own before it would fail an allocation.
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         compiled_before = frames["total"]
         # Each step timed on its own and the median reported: one step slowed by something outside the trainer (a
