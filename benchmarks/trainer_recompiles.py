@@ -14,6 +14,7 @@ first step were found and fixed on 2026-12-01 (a capture's static copies at stor
 chunk). Its seconds mean nothing; the frames do.
 
 usage: python benchmarks/trainer_recompiles.py [--steps 15] [--tokens 28000] [--model-shape smollm2|qwen3-0.6b]
+                                              [--scored-groups 0.125]
        python benchmarks/trainer_recompiles.py --like-gpu --model-shape tiny --tokens 2600   # on the CPU
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -47,8 +49,7 @@ def like_gpu_trainer(row_tokens: int):
     # aot_eager: dynamo's guards (what recompiles on every backend) without inductor's C++ codegen, whose own
     # size-range guards exist on the CPU only
     compile_decoder_layers(model, **TRAINER_COMPILE, backend="aot_eager")
-    logprobs._COMPILED["steps"] = tuple(torch.compile(f, backend="aot_eager")
-                                        for f in (logprobs._chunk_stats, logprobs._chunk_grad))
+    logprobs._COMPILED["steps"] = logprobs.compile_chunk_steps(backend="aot_eager")
     apply = logprobs.ChunkedLMHead.apply  # compiled chunk steps, as on CUDA
     logprobs.ChunkedLMHead.apply = lambda hidden, weight, targets, temp, chunk, _: apply(hidden, weight, targets,
                                                                                          temp, chunk, True)
@@ -66,6 +67,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=28000, help="tokens a step, about (gsm8k_math's shape)")
     ap.add_argument("--model-shape", choices=("smollm2", "qwen3-0.6b", "tiny"), default="smollm2")
     ap.add_argument("--like-gpu", action="store_true", help="on the CPU: the GPU default's path (see the docstring)")
+    ap.add_argument("--scored-groups", type=float, default=1.0,
+                    help="share of groups whose members scored differently; the rest get advantage 0, which the "
+                         "trainer leaves out (an untrained model on gsm8k_math: about 1 group in 8)")
     args = ap.parse_args()
 
     from torch._dynamo.utils import counters
@@ -84,6 +88,11 @@ def main():
     late = []
     for step in range(1, args.steps + 1):
         samples = make_gsm8k_samples(args.tokens, vocab, seed=step, prompt_tokens=prompt_tokens)
+        scored = random.Random(step)
+        alike = {g for g in {s.group_id for s in samples} if scored.random() >= args.scored_groups}
+        for s in samples:
+            if s.group_id in alike:
+                s.advantage = 0.0
         before = counters["frames"]["ok"]
         start = time.perf_counter()
         m = trainer.step(samples, policy_version=0)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -351,13 +352,31 @@ def _chunk_grad(logits, targets, lse, entropy, grad_logprobs, grad_entropy, inv_
 _COMPILED = {}
 
 
+def compile_chunk_steps(**options) -> tuple[Callable, Callable]:
+    """`_chunk_stats` and `_chunk_grad` compiled (`options` go to torch.compile), their row dimension dynamic from
+    the first call: one compile serves every chunk of two rows or more. Left to dynamo's default, the first size
+    seen compiled static and the next one compiled again, in whichever training step first met a second size (a
+    first micro-batch of fewer trained tokens than a chunk made that a later step)."""
+
+    def dynamic_rows(fn):
+        compiled = torch.compile(fn, **options)
+
+        def call(*args):
+            for a in args:
+                if isinstance(a, torch.Tensor):
+                    torch._dynamo.maybe_mark_dynamic(a, 0)
+            return compiled(*args)
+
+        return call
+
+    return dynamic_rows(_chunk_stats), dynamic_rows(_chunk_grad)
+
+
 def _steps(compiled: bool):
     if not compiled:
         return _chunk_stats, _chunk_grad
     if not _COMPILED:
-        # dynamic=None: the first chunk size compiles static, the ragged last chunk once more as dynamic; no
-        # recompiles after that, whatever the batch
-        _COMPILED["steps"] = (torch.compile(_chunk_stats), torch.compile(_chunk_grad))
+        _COMPILED["steps"] = compile_chunk_steps()
     return _COMPILED["steps"]
 
 
