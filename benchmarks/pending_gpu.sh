@@ -150,6 +150,17 @@ item() {
     # with each step's own roofline
     engine-roofline) TAIL=60 run "$1" 360 sh -c "python3 benchmarks/engine.py --skip-multi-turn --skip-generate-batch \
         && python3 benchmarks/profile_engine.py" ;;
+    # #16: the trainer leaves zero-advantage samples out (default since 8294b43; an untrained SmolLM2 on gsm8k_math
+    # scores ≈ 1 rollout in 64, so most groups score alike) and the lm_head chunk steps compile once (f989dd9): the
+    # defaults, the skip off, and the defaults again, 30 steps; dynamo's recompile reasons in the log (the trainer
+    # compiled 1.1-1.3 s at step 3 in both calls of 22:58-23:28 UTC, frame unnamed)
+    vs-trl-skip) TAIL=14 run "$1" 590 env TORCH_LOGS=recompiles python3 benchmarks/vs_trl.py --data \
+        "$DATA/gsm8k/train.jsonl" --trl-backends generate --steps 30 --warmup-steps 10 --agentrl-variants \
+        "trainer.skip_zero_advantage=false" --again --out "$OUT/vs_trl.md" ;;
+    # #16: the Qwen3-0.6B default's memory with the warm-up's free cached blocks returned before timing (24.2 GiB
+    # reserved with them at 22:57 UTC; 16.9 GiB at 20:00 when captures emptied the cache; goal <= 20 GiB)
+    train-step-memory) TAIL=8 run "$1" 240 python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
+        --steps 10 --variants default ;;
     # #16: the step waits on generation: which thread compiles. Both (the old stall's combination), the engine's view
     # alone (the trainer's layers eager inside their graphs), and twice the rollouts in flight
     vs-trl-compile) TAIL=12 run "$1" 590 python3 benchmarks/vs_trl.py --data "$DATA/gsm8k/train.jsonl" --trl-backends \
@@ -174,8 +185,8 @@ item() {
   esac
 }
 items=("$@")
-[ ${#items[@]} -eq 0 ] && items=(capture-tests trainer-recompiles long-run hybrid-conv vs-trl-long hybrid-train-triton engine-gpu-tests \
-    hybrid-eager-compiled hybrid-tests)
+[ ${#items[@]} -eq 0 ] && items=(train-step-memory long-run vs-trl-skip hybrid-eager-compiled hybrid-conv hybrid-train-triton \
+    hybrid-tests capture-tests)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4
