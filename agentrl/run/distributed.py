@@ -46,7 +46,7 @@ from agentrl.parallel.sharded_adam import shard_filename
 from agentrl.rollout import PromptIterator
 from agentrl.train.checkpoint import Writers
 from agentrl.train.optim import Stepper, build_scheduler
-from agentrl.train.trainer import merge_metrics
+from agentrl.train.trainer import merge_metrics, sample_counts
 
 # Replica r numbers its groups from r * GROUP_IDS: ids (and the turn seeds derived from them) differ across replicas.
 GROUP_IDS = 10**9
@@ -144,7 +144,7 @@ def combine_train_metrics(rows: Sequence[dict], pooled_loss: float) -> dict:
     out = dict(rows[0])  # grad_norm, lr, skipped: the same on every replica
     out["loss"] = pooled_loss
     for key in ("trained_tokens", "generated_tokens", "rows", "tokens", "computed_tokens", "prefix_shared_tokens",
-                "prefix_tree_shared_tokens", "zero_advantage_samples", "zero_advantage_tokens"):
+                "prefix_tree_shared_tokens"):
         if not any(key in r for r in rows):
             continue
         out[key] = sum(r.get(key, 0) for r in rows)
@@ -257,12 +257,15 @@ class ParallelRun:
 
     def train(self, trainer, samples: Sequence, policy_version: int,
               guard: Callable[[], ContextManager]) -> dict:
-        """Train this replica's share of the pooled `samples`; returns the whole step's metrics."""
+        """Train this replica's share of the pooled `samples`; returns the whole step's metrics. Only the samples the
+        trainer would run are shared out (`Trainer.samples_to_train`), so no replica's share is mostly ones it would
+        leave out; the denominator is the whole batch's all the same."""
         if not samples:  # nothing anywhere: fail as one process does, on every rank alike
             return trainer.step(samples, policy_version, guard=guard)
-        lengths = [len(s) for s in samples]
-        shares = self._share_out(samples, lengths, trainer)
-        mine = [samples[i] for i in shares[self.mesh.replica]]
+        trained = trainer.samples_to_train(samples)
+        lengths = [len(s) for s in trained]
+        shares = self._share_out(trained, lengths, trainer)
+        mine = [trained[i] for i in shares[self.mesh.replica]]
         pooled = pooled_loss_denominator(samples, trainer.loss_config, policy_version)
         own = pooled_loss_denominator(mine, trainer.loss_config, policy_version) if mine else 0.0
         stepper: ReplicaStepper = trainer.stepper
@@ -276,9 +279,9 @@ class ParallelRun:
             metrics = {"loss": 0.0, "grad_norm": result.grad_norm, "lr": result.lr, "skipped": result.skipped,
                        "train_seconds": time.perf_counter() - started, "pack_seconds": 0.0, "trained_tokens": 0,
                        "trained_tokens_per_s": 0.0, "generated_tokens": 0, "rows": 0}
-        rows = self._gather(metrics)
-        return {**combine_train_metrics(rows, stepper.pooled_loss),
-                "parallel/imbalance": imbalance(lengths, shares),
+        combined = combine_train_metrics(self._gather(metrics), stepper.pooled_loss)
+        combined.update(sample_counts(samples, trained, combined["train_seconds"]))  # the whole batch's counts
+        return {**combined, "parallel/imbalance": imbalance(lengths, shares),
                 "parallel/largest_share": max(len(s) for s in shares)}
 
     def _share_out(self, samples: Sequence, lengths: list[int], trainer) -> list[list[int]]:

@@ -89,7 +89,7 @@ class Trainer:
         # Everything a micro-batch needs is built on the host and copied without blocking; the only waits on the
         # device come after the last backward (the loss and the metrics).
         packing = time.perf_counter()
-        trained = [s for s in samples if carries_gradient(s)] if cfg.skip_zero_advantage else list(samples)
+        trained = self.samples_to_train(samples)
         # Over every sample, the left-out ones included: the update is the one over the whole batch.
         denominator = samples_loss_denominator(samples, self.loss_config, policy_version)
         if not trained:
@@ -131,6 +131,13 @@ class Trainer:
                 **sample_counts(samples, trained, seconds), **token_counts(trained, batch),
                 **merge_metrics(metrics_rows),
                 **{f"flat_graphs_{k}": self.graphs.counts[k] - v for k, v in graph_counts.items()}}
+
+    def samples_to_train(self, samples: Sequence[TrainingSample]) -> list[TrainingSample]:
+        """The samples a step runs forward and backward: those that carry a gradient (`trainer.skip_zero_advantage`)
+        or all of them."""
+        if not self.config.skip_zero_advantage:
+            return list(samples)
+        return [s for s in samples if carries_gradient(s)]
 
     def _zero_gradient_step(self, samples: Sequence[TrainingSample], guard) -> dict:
         """A batch in which no sample carries a gradient: no forward, but the update still runs on zero gradients,

@@ -4,15 +4,17 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/parallel/run_worker.py OUT
 
 Writes `OUT/rank<R>.json`:
-- two steps through `ParallelRun.train` (the first with one sample for two replicas, so replica 1 trains nothing
-  and still joins the gradient sum; the second with several) against one `Trainer` on the same samples: the
-  largest parameter difference, both grad norms and losses;
+- three steps through `ParallelRun.train` (the first with one sample for two replicas, so replica 1 trains nothing
+  and still joins the gradient sum; the second with several, one of advantage 0; the third with nothing but
+  advantage 0) against one `Trainer` on the same samples: the largest parameter difference, both grad norms and
+  losses, the samples left out;
 - a replica nudged off the others: the message `check_weights` raised on this rank (every rank must raise).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -35,8 +37,10 @@ LOSS = LossConfig(type="grpo", tis_cap=None)
 # eps large enough that the last bits of a gradient summed in another order do not move Adam's first update by
 # a visible fraction of lr (see tests/parallel/worker.py).
 OPTIM = OptimConfig(lr=1e-3, eps=1e-4, warmup_steps=0, max_grad_norm=1.0)
-# One sample (advantage 1) for two replicas, then five (advantages 0..4) of mixed lengths.
-STEPS = [train_samples(320, [5, 20], seed=1)[1:], train_samples(320, [9, 30, 14, 22, 7], seed=2)]
+# One sample (advantage 1) for two replicas, then five (advantages 0..4) of mixed lengths, the one of advantage 0
+# left out of the forward, then three that all scored alike (advantage 0): no forward anywhere, an update all the same.
+STEPS = [train_samples(320, [5, 20], seed=1)[1:], train_samples(320, [9, 30, 14, 22, 7], seed=2),
+         [dataclasses.replace(s, advantage=0.0) for s in train_samples(320, [12, 8, 17], seed=3)]]
 
 
 def trainer_for(model) -> Trainer:
@@ -58,7 +62,8 @@ def pooled_steps(parallel: ParallelRun) -> dict:
         out["steps"].append({"param_diff": diff, "grad_norm": [got["grad_norm"], want["grad_norm"]],
                              "loss": [got["loss"], want["loss"]], "trained_tokens": [got["trained_tokens"],
                                                                                      want["trained_tokens"]],
-                             "imbalance": got["parallel/imbalance"]})
+                             "imbalance": got["parallel/imbalance"],
+                             "zero_advantage_samples": [got["zero_advantage_samples"], want["zero_advantage_samples"]]})
     out["changed"] = max((a - b).abs().max().item()
                          for a, b in zip(model.parameters(), load_model("tiny-qwen3", seed=0)[0].parameters()))
     return out

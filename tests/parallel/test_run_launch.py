@@ -175,7 +175,7 @@ def update_ranks(tmp_path_factory) -> list[dict]:
 
 def test_a_replica_with_no_sample_joins_the_sum_and_the_step_matches_one_process(update_ranks):
     for rank in update_ranks:
-        lone, pooled = rank["steps"]
+        lone, pooled, alike = rank["steps"]
         assert lone["param_diff"] == 0.0 and lone["grad_norm"][0] == lone["grad_norm"][1] > 0  # one sample: exact
         assert lone["imbalance"] == 2.0  # all of it on one replica
         assert pooled["param_diff"] <= 1e-5  # summed in another order; Adam's eps bounds what that moves
@@ -183,6 +183,9 @@ def test_a_replica_with_no_sample_joins_the_sum_and_the_step_matches_one_process
             assert got == pytest.approx(want, rel=1e-4)
         assert lone["trained_tokens"][0] == lone["trained_tokens"][1]
         assert pooled["trained_tokens"][0] == pooled["trained_tokens"][1]
+        assert pooled["zero_advantage_samples"] == [1, 1] and alike["zero_advantage_samples"] == [3, 3]
+        # nothing to run anywhere: every replica updates on zero gradients, as one process does (Adam's moments)
+        assert alike["param_diff"] <= 1e-5 and alike["grad_norm"] == [0.0, 0.0]
         assert rank["changed"] > 1e-4  # the steps moved the weights
 
 
