@@ -16,6 +16,11 @@ def group_advantages(rewards: list[float], mode: str = "mean_std", eps: float = 
     """Centre rewards on the group mean; `mean_std` also divides by the group's standard deviation."""
     if mode not in ("mean_std", "mean"):
         raise ValueError(f"advantage mode must be 'mean_std' or 'mean', got {mode!r}")
+    if all(r == rewards[0] for r in rewards):
+        # Exactly 0: the mean of equal floats can round off their value (0.1 three times: a mean 1.4e-17 away), and
+        # divided by a zero spread that rounding became an advantage of ±1e-11, a push in one direction that no
+        # score asked for, and a sample the trainer would run for nothing (`loss.carries_gradient`).
+        return [0.0] * len(rewards)
     mean = sum(rewards) / len(rewards)
     centred = [r - mean for r in rewards]
     if mode == "mean":

@@ -145,6 +145,9 @@ def test_group_advantages():
     s = math.sqrt(2)
     assert group_advantages([0.0, 0.0, 3.0], eps=0.0) == pytest.approx([-1 / s, -1 / s, 2 / s], abs=1e-12)
     assert group_advantages([3.0, 3.0, 3.0]) == [0.0, 0.0, 0.0]
+    # equal scores whose mean rounds off their value: still exactly 0, in both modes
+    for value, n in ((0.1, 3), (0.7, 8), (1 / 3, 7)):
+        assert group_advantages([value] * n) == [0.0] * n and group_advantages([value] * n, mode="mean") == [0.0] * n
     with pytest.raises(ValueError):
         group_advantages([1.0], mode="std")
 
