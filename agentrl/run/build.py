@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import sys
 import threading
 import time
@@ -64,6 +65,7 @@ class Run:
     compile_seconds: dict = field(default_factory=dict)  # compile_watch's seconds by thread at the same point
     started: float = field(default_factory=time.perf_counter)
     parallel: ParallelRun | None = None  # this process's place in a run of several; None for one process
+    froze: bool = False  # whether this run froze the objects its start left (`freeze_start_objects`)
 
 
 # ------------------------------------------------------------------------------------------------ the parts
@@ -315,6 +317,20 @@ def start(run: Run) -> None:
 def stop(run: Run) -> None:
     run.driver.stop()
     run.engine.stop()
+    if run.froze:
+        gc.unfreeze()  # back to the oldest generation, collectable again once the run is done with them
+        run.froze = False
+
+
+def freeze_start_objects(run: Run) -> None:
+    """After the run's first step: the objects its start left (the model, dynamo's and inductor's compiled code,
+    the tokenizer: several hundred thousand) move out of the collector's generations. A full collection walks every
+    tracked object and holds the GIL throughout, stopping the engine's thread and the trainer's at once; over what a
+    start leaves that took 0.35–0.40 s on the CPU box (BENCHMARKS.md, history). Frozen, later collections walk only
+    what the run made since. Garbage is collected first, so nothing dead is kept."""
+    gc.collect()
+    gc.freeze()
+    run.froze = True
 
 
 def step(run: Run) -> dict:
@@ -353,6 +369,8 @@ def step(run: Run) -> dict:
     for group in local_groups:
         run.prompts.consumed(group.prompt)
     run.steps_done += 1
+    if not run.froze:
+        freeze_start_objects(run)
     if run.parallel is not None:
         run.parallel.check_weights(run.model, run.steps_done, force=run.steps_done == run.cfg.steps)
     if run.sample_log is not None:

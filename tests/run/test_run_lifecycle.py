@@ -145,3 +145,30 @@ def test_prompts_longer_than_a_sample_are_skipped_and_counted_or_refused(tmp_pat
         stop(run)
     assert metrics["rollout/n"] == 2 and metrics["trained_tokens"] > 0
     assert run.driver.stats.prompts_too_long == metrics["prompts_too_long"]
+
+
+def test_the_objects_a_start_leaves_are_frozen_after_the_first_step_and_thawed_at_the_stop(tmp_path):
+    """A full collection walks every tracked object with the GIL held, stopping both threads; after the first step
+    the start's objects are frozen out of the generations (`build.freeze_start_objects`), and the stop gives them
+    back, so a process that goes on (tests, notebooks) collects them again."""
+    import gc
+
+    from agentrl.run.build import build_run, start, step, stop
+    from agentrl.run.config import TrainConfig
+
+    cfg = TrainConfig.from_dict({}, ["--model.name=tiny-qwen3", "--rollout.group_size=2", "--rollout.groups_per_step=1",
+                                     "--rollout.max_new_tokens=8", "--rollout.max_turns=1", "--deterministic=true",
+                                     f"--checkpoint.run_dir={tmp_path / 'run'}"])
+    gc.unfreeze()
+    run = build_run(cfg)
+    start(run)
+    try:
+        assert gc.get_freeze_count() == 0
+        step(run)
+        frozen = gc.get_freeze_count()
+        assert frozen > 10_000  # the model, the tokenizer, the modules imported: the start's objects
+        step(run)
+        assert gc.get_freeze_count() <= frozen  # once per run (frozen objects freed since leave the count)
+    finally:
+        stop(run)
+    assert gc.get_freeze_count() == 0
