@@ -90,11 +90,16 @@ class Trainer:
         # device come after the last backward (the loss and the metrics).
         packing = time.perf_counter()
         trained = self.samples_to_train(samples)
-        # Over every sample, the left-out ones included: the update is the one over the whole batch.
-        denominator = samples_loss_denominator(samples, self.loss_config, policy_version)
+        if len(trained) < len(samples):  # packing checks the others (a rollout is built token by token)
+            kept = {id(s) for s in trained}
+            for sample in samples:
+                if id(sample) not in kept:
+                    sample.validate()
         if not trained:
             return self._zero_gradient_step(samples, guard)
         batch = self.pack(trained)
+        # Over every sample, the left-out ones included: the update is the one over the whole batch.
+        denominator = samples_loss_denominator(samples, self.loss_config, policy_version)
         pack_seconds = time.perf_counter() - packing
         graph_counts = dict(self.graphs.counts) if self.graphs is not None else {}
         started = time.perf_counter()

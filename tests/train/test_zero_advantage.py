@@ -80,3 +80,13 @@ def test_the_denominator_of_samples_is_the_packed_batchs(loss):
                                 [0 if t else -1 for t in samples[3].trainable], advantage=1.0)  # all its tokens stale
     packed = float(loss_denominator(pack_samples(samples, 64).trainable_tokens(), loss, 4))
     assert samples_loss_denominator(samples, loss, 4) == packed > 0
+
+
+def test_a_malformed_sample_is_refused_whether_or_not_it_would_run():
+    """Rollouts are built token by token and checked when the trainer takes them: one left out of the forward too."""
+    trainer = _trainer(True, LossConfig())
+    for zero in (set(), {0}):
+        samples = _samples(3, trainer.model.config.vocab_size, zero)
+        samples[1].versions.pop()  # a per-token field one short, as a bug in a rollout would leave it
+        with pytest.raises(ValueError, match="versions has"):
+            trainer.step(samples, policy_version=3)
