@@ -184,6 +184,7 @@ class Steps:
     rest_s: list = field(default_factory=list)  # agentrl: the step's seconds less its wait, packing and trainer step
     captured: list = field(default_factory=list)  # agentrl: CUDA graphs the trainer captured in the step
     staleness: list = field(default_factory=list)  # agentrl: trained tokens' mean age in policy versions
+    left_out: list = field(default_factory=list)  # agentrl: (samples of zero advantage, samples) a step
     compiling: list = field(default_factory=list)  # agentrl: (trainer's, engine's) seconds of torch.compile
     peak_gib: float | None = None
     error: str | None = None
@@ -230,7 +231,8 @@ def run_agentrl(cfg: TrainConfig, steps: Steps) -> None:
         steps.packed_s.append(m.get("pack_seconds", 0.0))
         steps.rest_s.append(m["seconds"] - m["wait_seconds"] - m["train_seconds"] - m.get("pack_seconds", 0.0))
         steps.captured.append(m.get("flat_graphs_captured", 0))
-        steps.staleness.append(m.get("loss/staleness_mean", 0.0))
+        steps.staleness.append(m.get("loss/staleness_mean"))  # none where the step ran no sample
+        steps.left_out.append((m.get("zero_advantage_samples", 0), m.get("rollout/n", 0)))
         steps.compiling.append((m.get("compile_seconds_trainer", 0.0), m.get("compile_seconds_engine", 0.0)))
 
 
@@ -315,6 +317,10 @@ def prompt_ids_match(cfg: TrainConfig, model_dir: Path) -> bool:
     return tok(fmt.render(messages, add_generation_prompt=True))["input_ids"] == fmt.prompt_ids(messages)
 
 
+def _mean_or_dash(values: list) -> str:
+    return f"{statistics.fmean(values):.2f}" if values else "-"
+
+
 def render(args, results: list[Steps], rows: list, unmatched: list, header: list[str]) -> str:
     ours = next((s for s in results if s.name == "agentrl" and not s.error), None)
     base = ours.summary(args.warmup_steps)["s/step"] if ours and ours.seconds else None
@@ -337,7 +343,9 @@ def render(args, results: list[Steps], rows: list, unmatched: list, header: list
                          f"{statistics.median(s.trained_s[skip:]):.3f} s, median packing "
                          f"{statistics.median(s.packed_s[skip:]):.3f} s, median rest of the step "
                          f"{statistics.median(s.rest_s[skip:]):.3f} s, trained tokens' mean staleness "
-                         f"{statistics.fmean(s.staleness[skip:]):.2f} policy versions.")
+                         f"{_mean_or_dash([v for v in s.staleness[skip:] if v is not None])} policy versions, "
+                         f"samples of zero advantage (left out of the forward by default) "
+                         f"{sum(z for z, _ in s.left_out[skip:])} of {sum(n for _, n in s.left_out[skip:])}.")
     lines += ["", "Seconds per step: " + "; ".join(f"{s.name} [{', '.join(f'{v:.3f}' for v in s.seconds)}]"
                                                   for s in results if s.seconds)]
     captures = [f"{s.name}: steps {[i + 1 for i, c in enumerate(s.captured) if c]}" for s in results if any(s.captured)]
