@@ -281,6 +281,8 @@ class ParallelRun:
                        "trained_tokens_per_s": 0.0, "generated_tokens": 0, "rows": 0}
         combined = combine_train_metrics(self._gather(metrics), stepper.pooled_loss)
         combined.update(sample_counts(samples, trained, combined["train_seconds"]))  # the whole batch's counts
+        if not trained:
+            del combined["trained_tokens_per_s"]  # no sample ran anywhere (sample_counts)
         return {**combined, "parallel/imbalance": imbalance(lengths, shares),
                 "parallel/largest_share": max(len(s) for s in shares)}
 

@@ -168,12 +168,15 @@ class Trainer:
 
 def sample_counts(samples: Sequence[TrainingSample], trained: Sequence[TrainingSample], seconds: float) -> dict:
     """`trained_tokens`: the batch's tokens, every sample's (the update is the one over all of them);
-    `zero_advantage_samples` / `_tokens`: those left out of the forward as carrying no gradient."""
+    `zero_advantage_samples` / `_tokens`: those left out of the forward as carrying no gradient. No
+    `trained_tokens_per_s` for a step that ran no sample: its milliseconds of update would rate it in millions."""
     tokens = sum(len(s) for s in samples)
     left_out = tokens - sum(len(s) for s in trained)
-    return {"trained_tokens": tokens, "trained_tokens_per_s": tokens / max(seconds, 1e-9),
-            "generated_tokens": sum(s.num_trainable for s in samples),
-            "zero_advantage_samples": len(samples) - len(trained), "zero_advantage_tokens": left_out}
+    counts = {"trained_tokens": tokens, "generated_tokens": sum(s.num_trainable for s in samples),
+              "zero_advantage_samples": len(samples) - len(trained), "zero_advantage_tokens": left_out}
+    if trained:
+        counts["trained_tokens_per_s"] = tokens / max(seconds, 1e-9)
+    return counts
 
 
 def token_counts(samples: Sequence[TrainingSample], batch) -> dict:

@@ -66,6 +66,7 @@ def test_leaving_out_zero_advantage_samples_gives_the_same_update(loss):
         for (name, w), g in zip(everything.model.named_parameters(), skipping.model.parameters()):
             torch.testing.assert_close(g, w, atol=1e-6, rtol=0, msg=name)
     assert got["rows"] == 0 and got["computed_tokens"] == 0 and got["grad_norm"] == 0.0
+    assert "trained_tokens_per_s" not in got and "trained_tokens_per_s" in want  # no rate for a step that ran nothing
     moved = [not torch.equal(b, p) for b, p in zip(before_last, skipping.model.parameters())]
     assert all(moved)  # the all-zero step updated every parameter, as it does with zero gradients computed
 
