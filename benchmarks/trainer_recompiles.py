@@ -69,7 +69,8 @@ def main():
     ap.add_argument("--like-gpu", action="store_true", help="on the CPU: the GPU default's path (see the docstring)")
     ap.add_argument("--scored-groups", type=float, default=1.0,
                     help="share of groups whose members scored differently; the rest get advantage 0, which the "
-                         "trainer leaves out (an untrained model on gsm8k_math: about 1 group in 8)")
+                         "trainer leaves out (the untrained SmolLM2 on gsm8k_math, mean reward ≈ 0.015 a rollout in "
+                         "vs_trl.py: at most about 1 group in 8)")
     args = ap.parse_args()
 
     from torch._dynamo.utils import counters

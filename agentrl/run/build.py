@@ -326,7 +326,7 @@ def freeze_start_objects(run: Run) -> None:
     """After the run's first step: the objects its start left (the model, dynamo's and inductor's compiled code,
     the tokenizer: several hundred thousand) move out of the collector's generations. A full collection walks every
     tracked object and holds the GIL throughout, stopping the engine's thread and the trainer's at once; over what a
-    start leaves that took 0.35–0.40 s on the CPU box (BENCHMARKS.md, history). Frozen, later collections walk only
+    start leaves that took 0.37–0.40 s on the CPU box (BENCHMARKS.md, history). Frozen, later collections walk only
     what the run made since. Garbage is collected first, so nothing dead is kept."""
     gc.collect()
     gc.freeze()
