@@ -50,6 +50,10 @@ class Trainer:
         # attention kernel before the first step relies on it.
         self.share_prefix = config.share_prefix and prefix_sharing_unsupported(model) is None
         self._tree_checked = False
+        # Until one step has run, every sample runs (`samples_to_train`): the trainer's compiles and first captures
+        # then fall on the run's first step, which pays for start-up anyway, and not on whichever later step first
+        # has a group that scored apart (an untrained model's first groups often all score alike).
+        self.ran_a_step = False
         self.graphs = None
         if cuda_graphs:
             if self.device.type != "cuda" or not takes_flat_layout(model) or is_hybrid(model):
@@ -95,6 +99,7 @@ class Trainer:
             for sample in samples:
                 if id(sample) not in kept:
                     sample.validate()
+        self.ran_a_step = True
         if not trained:
             return self._zero_gradient_step(samples, guard)
         batch = self.pack(trained)
@@ -138,9 +143,9 @@ class Trainer:
                 **{f"flat_graphs_{k}": self.graphs.counts[k] - v for k, v in graph_counts.items()}}
 
     def samples_to_train(self, samples: Sequence[TrainingSample]) -> list[TrainingSample]:
-        """The samples a step runs forward and backward: those that carry a gradient (`trainer.skip_zero_advantage`)
-        or all of them."""
-        if not self.config.skip_zero_advantage:
+        """The samples a step runs forward and backward: those that carry a gradient (`trainer.skip_zero_advantage`),
+        or all of them (the option off, or the first step: `ran_a_step`). Either gives the same update."""
+        if not self.config.skip_zero_advantage or not self.ran_a_step:
             return list(samples)
         return [s for s in samples if carries_gradient(s)]
 

@@ -45,12 +45,19 @@ def _trainer(skip: bool, loss: LossConfig) -> Trainer:
 @pytest.mark.parametrize("loss", [LossConfig(), LossConfig(type="dapo", max_staleness=1, stale_weight=0.5),
                                   LossConfig(type="dr_grpo", max_staleness=0)], ids=["grpo", "dapo-stale", "dr_grpo"])
 def test_leaving_out_zero_advantage_samples_gives_the_same_update(loss):
-    """Three steps: one group of zero advantage, then two, then all three. Skipping them gives the weights of
-    training on every sample (fp32); the last step, with nothing to run, still updates (Adam's moments carry on)."""
+    """A first step in which every group scored alike runs every sample all the same (the trainer compiles on the
+    run's first step, not on the first that has something to run). Then three steps: one group of zero advantage,
+    then two, then all three. Skipping them gives the weights of training on every sample (fp32); the last step,
+    with nothing to run, still updates (Adam's moments carry on)."""
     everything, skipping = _trainer(False, loss), _trainer(True, loss)
     vocab = everything.model.config.vocab_size
+    first = _samples(2, vocab, {0, 1, 2})
+    want, got = everything.step(first, policy_version=2), skipping.step(first, policy_version=2)
+    assert got["zero_advantage_samples"] == 0 and got["computed_tokens"] == want["computed_tokens"] > 0
+    for w, g in zip(everything.model.parameters(), skipping.model.parameters()):
+        assert torch.equal(g, w)
     before_last = None
-    for step, zero in enumerate(({1}, {0, 2}, {0, 1, 2}), start=2):
+    for step, zero in enumerate(({1}, {0, 2}, {0, 1, 2}), start=3):
         samples = _samples(step, vocab, zero)
         if len(zero) == 3:
             before_last = [p.detach().clone() for p in skipping.model.parameters()]
