@@ -166,12 +166,10 @@ item() {
     vs-trl-default) TAIL=14 run "$1" 400 env TORCH_LOGS=recompiles python3 benchmarks/vs_trl.py --data \
         "$DATA/gsm8k/train.jsonl" --trl-backends generate --steps 30 --warmup-steps 10 --out "$OUT/vs_trl.md" ;;
     # #16: cuDNN's fused attention against flash attention on the trainer's varlen rows (flash's forward and backward
-    # were a quarter of the Qwen3-0.6B step, 72 of 293 ms of kernels), then the train step of both shapes with each
-    varlen-kernels) TAIL=40 run "$1" 420 sh -c "python3 benchmarks/varlen_kernels.py && python3 \
-        benchmarks/varlen_kernels.py --model-shape smollm2 && python3 benchmarks/train_step.py --model-shape qwen3-0.6b \
-        --skip-hf --steps 10 --variants default,default+model.attn_implementation=agentrl_varlen_cudnn && python3 \
-        benchmarks/train_step.py --model-shape smollm2 --skip-hf --steps 10 \
-        --variants default,default+model.attn_implementation=agentrl_varlen_cudnn" ;;
+    # are a quarter of the Qwen3-0.6B step). 2026-12-02 02:20 UTC: cuDNN's ragged path failed the reference test and
+    # gave non-finite gradients; flash measured 183 TFLOP/s forward, 166 forward+backward
+    varlen-kernels) TAIL=40 run "$1" 200 sh -c "python3 benchmarks/varlen_kernels.py && python3 \
+        benchmarks/varlen_kernels.py --model-shape smollm2" ;;
     # #16: the Qwen3-0.6B default's memory with the warm-up's free cached blocks returned before timing (24.2 GiB
     # reserved with them at 22:57 UTC; 16.9 GiB at 20:00 when captures emptied the cache; goal <= 20 GiB)
     train-step-memory) TAIL=8 run "$1" 240 python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \

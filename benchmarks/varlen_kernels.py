@@ -1,10 +1,15 @@
-"""The training forward's varlen attention kernels side by side: flash attention (the default) and cuDNN's fused
-attention, on the packed rows the train-step benchmark trains (samples of 200-2,000 tokens in rows of 8,192).
+"""The training forward's varlen attention kernel (flash attention, `agentrl.train.varlen_attention`) against
+cuDNN's fused attention through the same aten layout, on the packed rows the train-step benchmark trains (samples of
+200-2,000 tokens in rows of 8,192). Flash attention's forward and backward are a quarter of the Qwen3-0.6B step;
+cuDNN's is the candidate replacement on Hopper, not offered to runs: on one H200 (torch 2.11, cuDNN 9.19) its
+ragged path failed the per-segment reference test, gave non-finite gradients in the train step and broke graph
+capture (BENCHMARKS.md, 2026-12-02).
 
 Prints, per kernel: forward and forward+backward milliseconds over all rows (median of `--reps`), their TFLOP/s
 (causal pairs only), the largest difference from flash attention (output and the three gradients), each kernel's
-largest error against an fp32 per-sample reference on the first row (what bounds a bf16 tolerance), and whether a
-CUDA graph of its forward and backward replays to the eager result. GPU only.
+largest error against an fp32 per-sample reference on the first row (what bounds a bf16 tolerance); then whether
+a CUDA graph of its forward and backward replays to the eager result within bf16 rounding (flash's backward adds
+with atomics, so not bit for bit). GPU only.
 
 usage: python benchmarks/varlen_kernels.py [--model-shape qwen3-0.6b|smollm2] [--tokens 25000] [--reps 10]
 """
@@ -54,6 +59,16 @@ def run(kernel, q, k, v, cu, max_len, grad=None):
     return out, dq, dk, dv
 
 
+def cudnn_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
+    """cuDNN's fused attention on the flat layout (its ragged-offset path, differentiable through
+    `_cudnn_attention_backward`). Its causal mask is aligned to the start of the keys: equal to flash's only where
+    every sequence has as many keys as queries, as here."""
+    out = torch.ops.aten._cudnn_attention_forward(
+        q.contiguous(), k.contiguous(), v.contiguous(), None, cu_q, cu_k, max_q, max_k, True, dropout, causal,
+        False, scale=scale)
+    return out[0]
+
+
 def timed(fn, reps: int) -> float:
     times = []
     for _ in range(reps + 2):
@@ -83,7 +98,7 @@ def graph_replays_equal(kernel, q, k, v, cu, max_len) -> bool:
     graph.replay()
     torch.cuda.synchronize()
     want = run(kernel, *fresh, cu, max_len, grad)
-    return all(torch.equal(a, b) for a, b in zip(outs, want))
+    return all(torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2) for a, b in zip(outs, want))
 
 
 def main() -> None:
@@ -92,7 +107,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=25000)
     p.add_argument("--reps", type=int, default=10)
     args = p.parse_args()
-    from agentrl.train.varlen_attention import cudnn_kernel, flash_kernel, reference_kernel
+    from agentrl.train.varlen_attention import flash_kernel, reference_kernel
 
     hq, hkv, d = SHAPES[args.model_shape]
     rows = rows_of(args.tokens)
@@ -107,8 +122,9 @@ def main() -> None:
     first = batches[0]
     exact = run(reference_kernel, *(t.float() for t in first[:3]), first[3], first[4], grad=grads[0].float())
     print(f"{'kernel':<8} {'fwd ms':>8} {'TFLOP/s':>8} {'fwd+bwd ms':>11} {'TFLOP/s':>8} {'max |diff| vs flash':>20} "
-          f"{'max |err| vs fp32':>18} {'graph replay':>13}")
-    for name, kernel in (("flash", flash_kernel), ("cudnn", cudnn_kernel)):
+          f"{'max |err| vs fp32':>18}")
+    kernels = (("flash", flash_kernel), ("cudnn", cudnn_kernel))
+    for name, kernel in kernels:
         try:
             got = [run(kernel, *b, grad=g) for b, g in zip(batches, grads)]
             diff = max((a.float() - b.float()).abs().max().item() for w, g in zip(want, got) for a, b in zip(w, g))
@@ -116,12 +132,16 @@ def main() -> None:
             with torch.no_grad():
                 fwd = timed(lambda: [run(kernel, *b) for b in batches], args.reps)
             both = timed(lambda: [run(kernel, *b, grad=g) for b, g in zip(batches, grads)], args.reps)
-            replay = graph_replays_equal(kernel, *first)
         except Exception as exc:  # a kernel this build or device cannot run: say so, keep the other row
             print(f"{name:<8} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             continue
         print(f"{name:<8} {fwd:>8.2f} {fwd_flops / fwd / 1e9:>8.0f} {both:>11.2f} {3.5 * fwd_flops / both / 1e9:>8.0f} "
-              f"{diff:>20.2e} {err:>18.2e} {str(replay):>13}")
+              f"{diff:>20.2e} {err:>18.2e}")
+    for name, kernel in kernels:  # last: a failed capture can leave the device unusable for what follows
+        try:
+            print(f"{name}: a CUDA graph of forward and backward replays to eager: {graph_replays_equal(kernel, *first)}")
+        except Exception as exc:
+            print(f"{name}: graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,8 @@ from agentrl.train.linear_conv import install_wrappers, use_reference_delta_rule
 from agentrl.train.logprobs import is_hybrid, packed_backward_failure, packing_error, varlen_kernels_installed
 from agentrl.train.optim import retarget_schedule
 from agentrl.train.trainer import Trainer
-from agentrl.train.varlen_attention import (ATTN_IMPLEMENTATION, CUDNN_IMPLEMENTATION, cudnn_kernel, register,
-                                            takes_flat_layout, varlen_attention_available)
+from agentrl.train.varlen_attention import (ATTN_IMPLEMENTATION, register, takes_flat_layout,
+                                            varlen_attention_available)
 
 
 @dataclass
@@ -218,12 +218,11 @@ def attention_implementation(cfg: ModelConfig, model, device: str) -> str | None
             name = ATTN_IMPLEMENTATION
         else:  # transformers refuses flex_attention for hybrid models; their per-sample path pads, sdpa serves it
             name = "sdpa" if is_hybrid(model) else "flex_attention"
-    if name in (ATTN_IMPLEMENTATION, CUDNN_IMPLEMENTATION):
+    if name == ATTN_IMPLEMENTATION:
         if not varlen_attention_available():
-            raise RuntimeError(f"model.attn_implementation={name} needs CUDA with flash attention (sm80 or newer); "
-                               "use flex_attention or sdpa here")
-        # transformers accepts only registered names
-        register() if name == ATTN_IMPLEMENTATION else register(CUDNN_IMPLEMENTATION, cudnn_kernel)
+            raise RuntimeError(f"model.attn_implementation={ATTN_IMPLEMENTATION} needs CUDA with flash attention "
+                               "(sm80 or newer); use flex_attention or sdpa here")
+        register()  # transformers accepts only registered names
     return name
 
 

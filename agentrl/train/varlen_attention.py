@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 
 ATTN_IMPLEMENTATION = "agentrl_varlen"
-CUDNN_IMPLEMENTATION = "agentrl_varlen_cudnn"  # the same layout through cuDNN's fused attention (`cudnn_kernel`)
 KV_INDEX = "agentrl_kv_index"  # the kwarg naming, for each gathered key, its position in the flat row
 
 # Implementations that read sample boundaries from the kwargs and so need the flat layout.
@@ -46,19 +45,6 @@ def flash_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, caus
     out = torch.ops.aten._flash_attention_forward(
         q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, dropout, causal, False, scale=scale)
     return out[0]
-
-
-def cudnn_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
-    """cuDNN's fused attention over the same layout (its ragged-offset path; differentiable through
-    `_cudnn_attention_backward`). Its causal mask is aligned to the start of the keys, so keys gathered for a
-    prefix-shared row (more keys than queries) go to flash attention instead (`make_attention`)."""
-    out = torch.ops.aten._cudnn_attention_forward(
-        q.contiguous(), k.contiguous(), v.contiguous(), None, cu_q, cu_k, max_q, max_k, True, dropout, causal,
-        False, scale=scale)
-    return out[0]
-
-
-cudnn_kernel.gathered_keys = flash_kernel  # the kernel for rows whose sequences have more keys than queries
 
 
 def reference_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
@@ -98,15 +84,13 @@ def make_attention(kernel: Kernel, name: str):
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
         cu_q, cu_k = (kwargs[k].to(device=query.device, dtype=torch.int32) for k in ("cu_seq_lens_q", "cu_seq_lens_k"))
-        run = kernel
         if kwargs.get(KV_INDEX) is not None:  # a prefix-shared row: each query sequence's keys, gathered
             index = kwargs[KV_INDEX].to(query.device)
             key, value = key.index_select(2, index), value.index_select(2, index)
-            run = getattr(kernel, "gathered_keys", kernel)
         # [1, H, T, D] -> [T, H, D]: the flat layout has one row
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-        out = run(q, k, v, cu_q, cu_k, int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), float(scaling),
-                  bool(getattr(module, "is_causal", True)), float(dropout))
+        out = kernel(q, k, v, cu_q, cu_k, int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), float(scaling),
+                     bool(getattr(module, "is_causal", True)), float(dropout))
         return out[None], None  # [1, T, Hq, D], as transformers' attention functions return
 
     return attention

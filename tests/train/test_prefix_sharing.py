@@ -354,17 +354,6 @@ def test_a_kernel_that_misreads_the_tree_is_caught_and_the_trainer_falls_back():
     _steps_unshared_with_a_warning(model, "unshared packing")
 
 
-def test_a_kernel_names_its_own_kernel_for_gathered_keys():
-    """cuDNN's kernel aligns its causal mask to the start of the keys, as `_top_left_kernel` does; it names flash
-    attention for the rows whose keys are gathered (`gathered_keys`), which keeps the tree exact."""
-    def top_left(*args):
-        return _top_left_kernel(*args)
-
-    top_left.gathered_keys = va.reference_kernel
-    assert prefix_sharing_error(_model(va.register("agentrl_varlen_top_left_routed", top_left))) < 1e-5
-    assert va.cudnn_kernel.gathered_keys is va.flash_kernel
-
-
 def test_a_forward_that_fails_turns_sharing_off(monkeypatch):
     # A kernel that cannot run the tree mask at all (bf16 flex_attention at a tiny head size fails to compile in
     # inductor on GPU) must not take the run down: the check fails, the trainer warns and packs unshared.
