@@ -3,7 +3,8 @@ cuDNN's fused attention through the same aten layout, on the packed rows the tra
 200-2,000 tokens in rows of 8,192). Flash attention's forward and backward are a quarter of the Qwen3-0.6B step;
 cuDNN's is the candidate replacement on Hopper, not offered to runs: on one H200 (torch 2.11, cuDNN 9.19) its
 ragged path failed the per-segment reference test, gave non-finite gradients in the train step and broke graph
-capture (BENCHMARKS.md, 2026-12-02).
+capture (BENCHMARKS.md, 2026-12-02). PyTorch's nested-tensor attention, the op's one caller with sequence offsets,
+refuses causal masks, so that causal ragged path is one PyTorch does not use itself.
 
 Prints, per kernel: forward and forward+backward milliseconds over all rows (median of `--reps`), their TFLOP/s
 (causal pairs only), the largest difference from flash attention (output and the three gradients), each kernel's
