@@ -45,7 +45,20 @@ def check_inputs(cfg) -> Inputs:
     check_model(cfg.model)
     env = check_environment(cfg.env)
     dataset = check_dataset(env, cfg.env, split, getattr(cfg, "limit", None))
+    note_tools_without_a_turn(cfg, env)
     return Inputs(env, dataset, split)
+
+
+def note_tools_without_a_turn(cfg, env) -> None:
+    """One line on stderr when rollouts get one turn while the environment offers tools: a rollout that calls one
+    ends at the call, before its result comes back, and scores as one that never answered. Allowed (a recipe may
+    mean it), but said, since the prompt still offers the tools."""
+    rollout = getattr(cfg, "rollout", None)
+    tools = [t.get("function", {}).get("name", "?") for t in env.tools()] if rollout is not None else []
+    if tools and rollout.max_turns == 1:
+        print(f"agentrl: rollout.max_turns=1 while the environment offers {', '.join(tools)}: a rollout that calls a "
+              "tool ends at the call, before its result (raise max_turns, or stop offering the tool through its "
+              "env.args)", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------------------- model

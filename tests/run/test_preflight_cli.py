@@ -285,6 +285,19 @@ def test_environment_arguments_of_the_declared_types_reach_the_run(cli):
     assert reached[0].env.args == {"few_shot": 2, "format_bonus": 1}  # an int where a float is declared is fine
 
 
+def test_tools_offered_with_one_turn_are_noted_once_and_the_run_goes_on(cli, capsys):
+    code, lines, reached = cli(["train", "gsm8k_math", "--rollout.max_turns=1"])
+    noted = [line for line in lines if "max_turns=1" in line]
+    assert code == 0 and len(reached) == 1
+    assert noted == ["agentrl: rollout.max_turns=1 while the environment offers calculate: a rollout that calls a tool "
+                     "ends at the call, before its result (raise max_turns, or stop offering the tool through its "
+                     "env.args)"]
+    for argv in (["train", "gsm8k_math", "--rollout.max_turns=2"],
+                 ["train", "gsm8k_math", "--rollout.max_turns=1", "--env-arg", "use_calculator=false"]):
+        _, lines, _ = cli(argv)
+        assert not [line for line in lines if "max_turns" in line], argv
+
+
 # ---- in a fresh interpreter: the time to fail, and no torch
 
 RUN_AND_CHECK = ("import sys; from agentrl.cli import main; code = main(sys.argv[1:]); "
