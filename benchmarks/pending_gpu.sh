@@ -170,6 +170,10 @@ item() {
     # gave non-finite gradients; flash measured 183 TFLOP/s forward, 166 forward+backward
     varlen-kernels) TAIL=40 run "$1" 200 sh -c "python3 benchmarks/varlen_kernels.py && python3 \
         benchmarks/varlen_kernels.py --model-shape smollm2" ;;
+    # #16: where the Qwen3-0.6B default's step goes, by kind of kernel (attention, GEMMs, inductor's fused kernels,
+    # the optimizer): what stands between 42.9% MFU and 50% (flash's varlen attention runs at 166-183 TFLOP/s)
+    qwen-profile) TAIL=40 run "$1" 200 python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
+        --variants default --steps 5 --profile ;;
     # #16: the Qwen3-0.6B default's memory with the warm-up's free cached blocks returned before timing (24.2 GiB
     # reserved with them at 22:57 UTC; 16.9 GiB at 20:00 when captures emptied the cache; goal <= 20 GiB)
     train-step-memory) TAIL=8 run "$1" 240 python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
@@ -198,7 +202,7 @@ item() {
   esac
 }
 items=("$@")
-[ ${#items[@]} -eq 0 ] && items=(long-run vs-trl-default hybrid-conv hybrid-tests hybrid-train-triton vs-trl-skip)
+[ ${#items[@]} -eq 0 ] && items=(qwen-profile hybrid-conv hybrid-tests hybrid-train-triton smollm2-mfu)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4

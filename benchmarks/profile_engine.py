@@ -21,7 +21,13 @@ import collections
 import functools
 import time
 
+import sys
+from pathlib import Path
+
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for `benchmarks` and `agentrl`
+from benchmarks.kernel_profile import kernel_ms  # noqa: E402
 
 
 def wrap_timer(obj, name, totals):
@@ -62,7 +68,7 @@ def prefill_phase(engine, prompts, sampling, label):
     for (obj, name), fn in originals.items():
         setattr(obj, name, fn)
     events = prof.key_averages()
-    busy = sum(e.self_device_time_total for e in events) / 1e3
+    busy = kernel_ms(events)
     print(f"--- {label}: prefill phase {wall * 1e3:.0f} ms (profiled), {len(steps)} steps, GPU kernel time "
           f"{busy:.0f} ms; ms per step: " + " ".join(f"{x:.0f}" for x in steps))
     print("  host: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in totals.most_common()))
@@ -132,7 +138,7 @@ def main():
             engine.step()
         torch.cuda.synchronize()
     events = prof.key_averages()
-    print(f"prefill steps: GPU kernel time {sum(e.self_device_time_total for e in events) / 2e3:.2f} ms a step")
+    print(f"prefill steps: GPU kernel time {kernel_ms(events) / 2:.2f} ms a step")
     print(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=60))
     t = time.perf_counter()
     admit_steps = 0
@@ -182,7 +188,7 @@ def main():
             engine.step()
         torch.cuda.synchronize()
     events = prof.key_averages()
-    gpu_total = sum(e.self_device_time_total for e in events) / steps / 1e3
+    gpu_total = kernel_ms(events) / steps
     print(f"GPU kernel time {gpu_total:.2f} ms a step (sum of kernels), wall {wall * 1e3:.2f} ms a step")
     print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
     print(events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))

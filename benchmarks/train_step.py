@@ -246,7 +246,9 @@ def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=No
         seconds = statistics.median(times)
         compiled = frames["total"] - compiled_before
         if profile:
-            print_profile(name, fn, model, batch, cfg)
+            from benchmarks.kernel_profile import print_profile
+
+            print_profile(name, lambda: fn(model, batch, cfg), model)
     except torch.cuda.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
         return {"name": name, "error": "out of memory"}
@@ -260,24 +262,6 @@ def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=No
     trained_tokens = trained_tokens or batch.num_tokens
     return {"name": name, "seconds": seconds, "tok_s": trained_tokens / seconds, "reserved_gib": reserved,
             "mfu": flops / seconds / PEAK_FLOPS, "peak_gib": peak, "compiled_frames": compiled, "step_seconds": times}
-
-
-def print_profile(name, fn, model, batch, cfg):
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
-        t = time.perf_counter()
-        fn(model, batch, cfg)
-        model.zero_grad(set_to_none=True)
-        synchronize()
-        wall = time.perf_counter() - t
-    events = prof.key_averages()
-    busy = sum(e.self_device_time_total for e in events) / 1e3
-    # Kernel time well below the wall time means the device waited on the host (launches, syncs, compiles).
-    print(f"--- {name}: GPU kernel time {busy:.1f} ms in a {wall * 1e3:.1f} ms step (profiled)")
-    print(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=70))
-    print(events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=70))
 
 
 # The trainer as `agentrl train` builds it, with these options on top.

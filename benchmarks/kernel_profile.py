@@ -1,0 +1,61 @@
+"""A step's GPU kernels under torch's profiler: busy time against wall time, and where the time goes by kind of kernel
+(attention, GEMMs, inductor's fused kernels, the optimizer, copies). Used by `train_step.py --profile`."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+def print_profile(name: str, step, model) -> None:
+    """Run `step()` once under the profiler and print its GPU kernel time against its wall time, that time by kind
+    of kernel, and the top kernels by device and by host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        t = time.perf_counter()
+        step()
+        model.zero_grad(set_to_none=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    events = prof.key_averages()
+    busy = kernel_ms(events)
+    # Kernel time well below the wall time means the device waited on the host (launches, syncs, compiles).
+    print(f"--- {name}: GPU kernel time {busy:.1f} ms in a {wall * 1e3:.1f} ms step (profiled)")
+    print(" | ".join(f"{kind} {ms:.1f} ms ({ms / max(busy, 1e-9):.0%})" for kind, ms in kernel_kinds(events)))
+    print(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=70))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=70))
+
+
+def kernel_events(events) -> list:
+    """The device kernels among the profiler's events. An aten op's event also carries the device time of the kernels
+    it launched, so a sum over every event counts an eagerly launched kernel twice (a graph's replayed kernels,
+    launched by no op, once); torch's own table totals the device events alone, as here."""
+    from torch.autograd import DeviceType
+
+    return [e for e in events if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)
+            and e.self_device_time_total > 0]
+
+
+def kernel_ms(events) -> float:
+    """Milliseconds of device kernel time in `events` (`kernel_events`)."""
+    return sum(e.self_device_time_total for e in kernel_events(events)) / 1e3
+
+
+# Kernel name fragments by kind, first match wins: where a step's GPU time goes.
+KERNEL_KINDS = (("attention", ("flash", "fmha", "attention")), ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas")),
+                ("optimizer", ("adam", "multi_tensor")), ("fused (inductor)", ("triton",)),
+                ("copy / fill", ("copy", "memcpy", "memset", "fill", "cat")))
+
+
+def kernel_kinds(events) -> list[tuple[str, float]]:
+    """Milliseconds of kernel time by kind (`KERNEL_KINDS`, the rest as "other"), largest first."""
+    totals: dict[str, float] = {}
+    for e in kernel_events(events):
+        ms = e.self_device_time_total / 1e3
+        name = e.key.lower()
+        kind = next((k for k, frags in KERNEL_KINDS if any(f in name for f in frags)), "other")
+        totals[kind] = totals.get(kind, 0.0) + ms
+    return sorted(totals.items(), key=lambda kv: -kv[1])
