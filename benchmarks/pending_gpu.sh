@@ -185,7 +185,7 @@ item() {
         "engine.compile=true,model.compile_layers=false;engine.compile=true" --again \
         --out "$OUT/vs_trl.md" ;;
     # #16: SmolLM2's graphed step (24.2% MFU, goal 25%) measured 0.125 s against ≈ 60 ms of estimated kernels: where
-    # the rest goes (the Qwen3-0.6B step's profile: 293 ms of kernels in 324 ms, GPU-bound)
+    # the rest goes (the Qwen3-0.6B step's profile: 293 ms of kernels in 324 ms, a sum that counted eager kernels twice)
     train-step-profile) TAIL=40 run "$1" 200 python3 benchmarks/train_step.py --model-shape smollm2 --skip-hf \
         --variants default --steps 5 --profile ;;
     # the step waits on generation now; the engine's view compiled (opt-in in training since the old stall) fuses its
