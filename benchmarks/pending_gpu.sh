@@ -110,7 +110,7 @@ item() {
     trainer-recompiles) TAIL=20 run "$1" 200 python3 benchmarks/trainer_recompiles.py --steps 15 ;;
     # #16: 200 steps with defaults, then with every sample run (the default leaves zero-advantage samples out since
     # 8294b43, most of an untrained model's: its median step falls while a bucket's capture still costs 0.5-1 s, so
-    # the 5x bound is tighter); the run freezes its start's objects after step 1 (gc) since f049c76. 2026-12-02 01:20
+    # the 5x bound is tighter); the run freezes its start's objects after step 1 (gc) since f049c76. 2026-12-02 01:16
     # UTC: every-sample passed (2.4x), defaults failed (step 4 at 34x: the trainer's first compile, 12 frames, at
     # the first step with a group that scored apart); the first step now runs every sample
     long-run) TAIL=8 run "$1" 400 python3 -m pytest -m gpu tests/run/test_long_run_gpu.py -q -rA --tb=short \
@@ -161,12 +161,12 @@ item() {
         "$DATA/gsm8k/train.jsonl" --trl-backends generate --steps 30 --warmup-steps 10 --agentrl-variants \
         "trainer.skip_zero_advantage=false" --again --out "$OUT/vs_trl.md" ;;
     # #16: today's defaults against TRL, 30 steps (the skip and the first step that runs every sample since the
-    # long-run failure of 2026-12-02 01:20 UTC: its trainer first compiled at step 4, the first with a group that
+    # long-run failure of 2026-12-02 01:16 UTC: its trainer first compiled at step 4, the first with a group that
     # scored apart), dynamo's recompile reasons in the log
     vs-trl-default) TAIL=14 run "$1" 400 env TORCH_LOGS=recompiles python3 benchmarks/vs_trl.py --data \
         "$DATA/gsm8k/train.jsonl" --trl-backends generate --steps 30 --warmup-steps 10 --out "$OUT/vs_trl.md" ;;
     # #16: cuDNN's fused attention against flash attention on the trainer's varlen rows (flash's forward and backward
-    # are a quarter of the Qwen3-0.6B step). 2026-12-02 02:20 UTC: cuDNN's ragged path failed the reference test and
+    # are a quarter of the Qwen3-0.6B step). 2026-12-02 01:45 UTC: cuDNN's ragged path failed the reference test and
     # gave non-finite gradients; flash measured 183 TFLOP/s forward, 166 forward+backward
     varlen-kernels) TAIL=40 run "$1" 200 sh -c "python3 benchmarks/varlen_kernels.py && python3 \
         benchmarks/varlen_kernels.py --model-shape smollm2" ;;
