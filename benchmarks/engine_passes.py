@@ -1,5 +1,6 @@
 """Driving the engine by hand for the benchmarks: a timed pass over a set of prompts (`drive`), what each engine step
-of it was and took (`step_kind`, `step_table`), and the GPU kernels of a few pure-decode steps (`profile_decode`).
+of it was and took (`step_kind`, `step_table`), and the GPU kernels of a pass's first prefill steps and of a few
+pure-decode steps, by kind (`profile_decode`).
 Used by benchmarks/hybrid.py; any model the engine serves works.
 """
 
@@ -83,15 +84,27 @@ def step_table(step_log: list) -> None:
 
 
 def profile_decode(engine, prompts, new_tokens: int, steps: int = 8) -> None:
-    """The GPU kernels of `steps` pure-decode steps (every prompt prefilled first), by total time: where a decode
-    step of the hybrid goes."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """The GPU kernels of the first two steps of a pass (prompts being prefilled, their state snapshots taken), then
+    of `steps` pure-decode steps (every prompt prefilled first), by kind and by kernel: where a prefill
+    step and a decode step of the hybrid go."""
     ids = [engine.submit(p, greedy(new_tokens)) for p in prompts]
+    _profiled(engine, 2, "the pass's first 2 steps (prefill, state snapshots)")
     while not (len(engine._live) == len(ids) and all(s.logprobs for s in engine._live.values())):
         engine.step()
     for _ in range(2):
         engine.step()
+    _profiled(engine, steps, f"{steps} decode steps of {len(ids)} sequences")
+    for i in ids:
+        engine.cancel(i)
+    while engine.has_work():
+        engine.step()
+
+
+def _profiled(engine, steps: int, what: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.kernel_profile import kernel_kinds, kernel_ms
+
     sync(engine.device)
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -99,9 +112,8 @@ def profile_decode(engine, prompts, new_tokens: int, steps: int = 8) -> None:
             engine.step()
         sync(engine.device)
     wall = (time.perf_counter() - start) / steps
-    print(f"\n#### Profile: {steps} decode steps of {len(ids)} sequences, {wall * 1e3:.1f} ms a step of wall time\n")
-    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=70))
-    for i in ids:
-        engine.cancel(i)
-    while engine.has_work():
-        engine.step()
+    events = prof.key_averages()
+    print(f"\n#### Profile: {what}: {wall * 1e3:.1f} ms a step of wall time (profiled), "
+          f"{kernel_ms(events) / steps:.2f} ms of kernels a step\n")
+    print(" | ".join(f"{kind} {ms / steps:.2f} ms" for kind, ms in kernel_kinds(events)))
+    print(events.table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=70))

@@ -45,9 +45,15 @@ def kernel_ms(events) -> float:
 
 
 # Kernel name fragments by kind, first match wins: where a step's GPU time goes.
-KERNEL_KINDS = (("attention", ("flash", "fmha", "attention")), ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas")),
-                ("optimizer", ("adam", "multi_tensor")), ("fused (inductor)", ("triton",)),
-                ("copy / fill", ("copy", "memcpy", "memset", "fill", "cat")))
+KERNEL_KINDS = (
+    ("delta rule (fla, agentrl)", ("delta", "chunk_", "recompute_w_u", "solve_tril", "l2norm", "cumsum")),
+    ("conv", ("conv",)),
+    ("attention", ("flash", "fmha", "attention", "_decode_kernel", "_prefill_kernel", "_combine_splits")),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas")),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("fused (inductor)", ("triton_",)),
+    ("copy / index / fill", ("copy", "memcpy", "memset", "fill", "cat", "index", "gather", "scatter")),
+)
 
 
 def kernel_kinds(events) -> list[tuple[str, float]]:

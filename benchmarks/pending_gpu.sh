@@ -42,7 +42,9 @@ item() {
         -p no:warnings ;;
     hybrid-host) TAIL=30 run "$1" 200 python3 benchmarks/hybrid_host_cpu.py --device cuda --seqs 64 --steps 48 ;;
     hybrid-decode) TAIL=25 run "$1" 240 python3 benchmarks/hybrid.py --parts decode,prefill --step-times ;;
-    # #15: the hybrid's decoder layers compiled around the delta-net core (the default on CUDA), with the profile
+    # #15: the hybrid's decode pass (compiled layers, the default on CUDA) with the profile of its first prefill steps
+    # (75 ms each for 8,192 tokens with snapshots, 2026-12-02: 0.62 s of the 2.25 s pass) and of its decode steps, by
+    # kind of kernel
     hybrid-compile) TAIL=25 run "$1" 240 python3 benchmarks/hybrid.py --parts decode --skip-hf --step-times \
         --profile ;;
     # #15: the train table with fla's own backward: Triton 3.7.1 shipped in parts (ship_model.py split of its wheel
@@ -202,7 +204,7 @@ item() {
   esac
 }
 items=("$@")
-[ ${#items[@]} -eq 0 ] && items=(qwen-profile hybrid-conv hybrid-tests hybrid-train-triton smollm2-mfu)
+[ ${#items[@]} -eq 0 ] && items=(qwen-profile hybrid-compile hybrid-conv hybrid-tests hybrid-train-triton smollm2-mfu)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4
