@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import SHARED_DATA
+from tests.helpers import AHEAD, INTERPRETING, SHARED_DATA
 
 # One thread: the engine, the rollout driver and the trainer run threads of their own, and on the 2-core CI box
 # the tiny models ran 4.5x slower with two torch threads each than with one.
@@ -21,3 +21,19 @@ def shared_data() -> Path:
     if not SHARED_DATA.exists():
         pytest.skip("../shared/data is absent (it lives beside the project checkout)")
     return SHARED_DATA
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "child(child): the test waits on this `tests.helpers.Child`, started ahead")
+
+
+def pytest_collection_finish(session):
+    # Children of the selected tests, started now in the tests' order (see "children started ahead" in helpers);
+    # not from an interpreter run's child pytest, nor when nothing will run.
+    if INTERPRETING or session.config.option.collectonly:
+        return
+    AHEAD.start([marker.args[0] for item in session.items for marker in item.iter_markers("child")])
+
+
+def pytest_sessionfinish(session):
+    AHEAD.stop()

@@ -11,9 +11,10 @@ import importlib.machinery
 import os
 import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -128,14 +129,104 @@ def two_turns(engine, prompts, params, tool_tokens):
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"  # this process runs Triton kernels in the interpreter
 
 
-def run_in_interpreter(test_file: str, *pytest_args: str) -> None:
-    """Run `test_file`'s tests again in a child pytest with TRITON_INTERPRET=1, which must be set before triton is
-    first imported (so not in this process), and fail with the child's output unless they pass."""
+def interpreter_child(test_file: str, *pytest_args: str) -> "Child":
+    """`test_file`'s tests again in a child pytest with TRITON_INTERPRET=1, which must be set before triton is first
+    imported (so not in this process); `run_child` runs it, and the test fails with the child's output unless they
+    pass."""
     root = Path(test_file).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, test_file],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    cmd = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, test_file)
+    return Child(cmd, root, (("TRITON_INTERPRET", "1"),), timeout_s=600)
+
+
+def run_in_interpreter(child: "Child") -> None:
+    run = run_child(child)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------ children started ahead
+#
+# A few tests only wait on a child process of one thread (the Triton interpreter's runs, a minute of CPU and more
+# between them) while the rest of the suite runs on one core of the 2-core CI box. Marked `@pytest.mark.child(C)`,
+# such a child is started when the session's tests are collected, on a thread of this process, one child after the
+# other in the tests' order: it runs on the second core while the tests before its own do, and its test then only
+# reads what it left. A test whose child was not started ahead (another selection) runs it itself.
+
+
+class Child(NamedTuple):
+    cmd: tuple[str, ...]
+    cwd: Path  # made if missing
+    env: tuple[tuple[str, str], ...] = ()  # set on top of this process's environment
+    timeout_s: float = 300
+
+
+class _Ahead:
+    def __init__(self):
+        self.results: dict[Child, subprocess.CompletedProcess | BaseException] = {}
+        self.started: dict[Child, threading.Event] = {}
+        self.running: set[subprocess.Popen] = set()
+        self.stopping = False
+        self.lock = threading.Lock()
+
+    def start(self, children: list[Child]) -> None:
+        children = [c for c in dict.fromkeys(children) if c not in self.started]
+        if not children:
+            return
+        for child in children:
+            self.started[child] = threading.Event()
+        # The environment as it is now: a test running beside a child may change os.environ for its own time.
+        environ = dict(os.environ)
+        threading.Thread(target=self._run_all, args=(children, environ), name="children-ahead", daemon=True).start()
+
+    def _run_all(self, children: list[Child], environ: dict[str, str]) -> None:
+        for child in children:
+            try:
+                self.results[child] = self._run(child, environ)
+            except BaseException as exc:  # handed to the test that waits on it
+                self.results[child] = exc
+            self.started[child].set()
+
+    def _run(self, child: Child, environ: dict[str, str]) -> subprocess.CompletedProcess:
+        with self.lock:
+            if self.stopping:
+                raise RuntimeError("the session ended before this child ran")
+            Path(child.cwd).mkdir(parents=True, exist_ok=True)
+            proc = subprocess.Popen(child.cmd, cwd=child.cwd, env={**environ, **dict(child.env)},
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.running.add(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=child.timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            stderr += f"\n(killed after {child.timeout_s} s)"
+        finally:
+            with self.lock:
+                self.running.discard(proc)
+        return subprocess.CompletedProcess(child.cmd, proc.returncode, stdout, stderr)
+
+    def result(self, child: Child) -> subprocess.CompletedProcess:
+        if child not in self.started:
+            return self._run(child, dict(os.environ))
+        self.started[child].wait()
+        outcome = self.results[child]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            for proc in self.running:
+                if proc.poll() is None:
+                    proc.kill()
+
+
+AHEAD = _Ahead()
+
+
+def run_child(child: Child) -> subprocess.CompletedProcess:
+    """`child`'s completed run: the one started ahead of its test, or one run now."""
+    return AHEAD.result(child)
 
 
 def patch_triton_interpreter():

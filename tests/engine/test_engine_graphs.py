@@ -9,8 +9,6 @@ and every parameter are still where they were at capture: a graph kept across a 
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,7 +24,8 @@ from agentrl.engine.scheduler import Scheduled, Sequence
 from agentrl.engine.step_layout import layout_step, tile_table
 from agentrl.engine.torch_backend import TorchPagedAttention
 from agentrl.models import load_model
-from tests.helpers import GRAPH_CONFIG, graph_engine, perturb_, random_prompts, two_turns, warped_logprobs
+from tests.helpers import (GRAPH_CONFIG, Child, graph_engine, perturb_, random_prompts, run_child, two_turns,
+                           warped_logprobs)
 
 MIXED = [SamplingParams(max_new_tokens=14, temperature=0),
          SamplingParams(max_new_tokens=14, temperature=1.0, top_k=20, seed=5),
@@ -306,10 +305,12 @@ print("ok")
 """
 
 
+ROOT = Path(__file__).resolve().parents[2]
+TRITON_RUN = Child((sys.executable, "-c", TRITON_SCRIPT), ROOT, (("TRITON_INTERPRET", "1"), ("PYTHONPATH", str(ROOT))))
+
+
+@pytest.mark.child(TRITON_RUN)
 def test_triton_backend_in_the_interpreter():
     pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    run = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], cwd=root, env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = run_child(TRITON_RUN)
     assert run.returncode == 0 and "ok" in run.stdout, run.stdout[-3000:] + run.stderr[-6000:]

@@ -14,17 +14,21 @@ import math
 
 import pytest
 import torch
-from tests.helpers import INTERPRETING, patch_triton_interpreter, run_in_interpreter
+from tests.helpers import INTERPRETING, interpreter_child, patch_triton_interpreter, run_in_interpreter
 
 pytest.importorskip("triton")
 
 in_interpreter = pytest.mark.skipif(not INTERPRETING, reason="runs in the child of test_kernels_in_interpreter")
 
 
+INTERPRETER_RUN = interpreter_child(__file__)
+
+
+@pytest.mark.child(INTERPRETER_RUN)
 def test_kernels_in_interpreter():
     if INTERPRETING:
         pytest.skip("this process is the interpreter run")
-    run_in_interpreter(__file__)
+    run_in_interpreter(INTERPRETER_RUN)
 
 
 if INTERPRETING:

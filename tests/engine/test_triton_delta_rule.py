@@ -13,17 +13,22 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.helpers import INTERPRETING, patch_triton_interpreter, random_prompts, run_in_interpreter
+from tests.helpers import (INTERPRETING, interpreter_child, patch_triton_interpreter, random_prompts,
+                           run_in_interpreter)
 
 pytest.importorskip("triton")
 
 in_interpreter = pytest.mark.skipif(not INTERPRETING, reason="runs in the child of test_kernels_in_interpreter")
 
 
+INTERPRETER_RUN = interpreter_child(__file__, "-m", "not gpu")
+
+
+@pytest.mark.child(INTERPRETER_RUN)
 def test_kernels_in_interpreter():
     if INTERPRETING:
         pytest.skip("this process is the interpreter run")
-    run_in_interpreter(__file__, "-m", "not gpu")
+    run_in_interpreter(INTERPRETER_RUN)
 
 
 if INTERPRETING:

@@ -52,14 +52,25 @@ print(json.dumps(out))
 """
 
 
-def hub_run(tmp_path, *names: str, **env: str) -> dict:
+def hub_start(tmp_path, *names: str, **env: str) -> subprocess.Popen:
     # A closed local port stands for "no network", wherever the tests run.
     environ = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     environ.update(HF_HUB_CACHE=str(tmp_path / "hub"), HF_ENDPOINT="http://127.0.0.1:9", **env)
-    done = subprocess.run([sys.executable, "-c", HUB, *names], capture_output=True, text=True, timeout=300,
-                          env=environ, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, "-c", HUB, *names], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=environ, cwd=tmp_path)
+
+
+def hub_results(*procs: subprocess.Popen) -> list[dict]:
+    done = []
+    for proc in procs:  # every child waited for before any assertion, so none outlives the test
+        try:
+            done.append((proc, *proc.communicate(timeout=300)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            done.append((proc, *proc.communicate()))
+    for proc, _, stderr in done:
+        assert proc.returncode == 0, stderr[-3000:]
+    return [json.loads(stdout.strip().splitlines()[-1]) for _, stdout, _ in done]
 
 
 def cache_tiny_model(tmp_path, repo_id: str) -> float:
@@ -76,13 +87,15 @@ def cache_tiny_model(tmp_path, repo_id: str) -> float:
 
 def test_hub_ids_without_network(tmp_path):
     weights = cache_tiny_model(tmp_path, "agentrl-tests/tiny")
-    out = hub_run(tmp_path, "agentrl-tests/no-such-model", "tiny-qwen", "agentrl-tests/tiny")
+    # Both fresh interpreters at once: each spends its seconds importing torch and transformers, on a core of its own.
+    online = hub_start(tmp_path, "agentrl-tests/no-such-model", "tiny-qwen", "agentrl-tests/tiny")
+    offline = hub_start(tmp_path, "agentrl-tests/no-such-model", "agentrl-tests/tiny", HF_HUB_OFFLINE="1")
+    out, offline = hub_results(online, offline)
     missing = out["agentrl-tests/no-such-model"]
     assert missing == f"could not download agentrl-tests/no-such-model: no network; {CHOICES}"
     assert out["tiny-qwen"] == f"could not download tiny-qwen: no network; {CHOICES} (did you mean tiny-qwen3?)"
     assert out["agentrl-tests/tiny"] == pytest.approx(weights)  # from the cache, without network
 
-    offline = hub_run(tmp_path, "agentrl-tests/no-such-model", "agentrl-tests/tiny", HF_HUB_OFFLINE="1")
     assert offline["agentrl-tests/no-such-model"] == ("could not load agentrl-tests/no-such-model: HF_HUB_OFFLINE is "
                                                       f"set and it is not in the hub cache; {CHOICES}")
     assert offline["agentrl-tests/tiny"] == pytest.approx(weights)

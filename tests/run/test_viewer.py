@@ -5,8 +5,11 @@ in a real headless browser (its DOM after parsing, and a screenshot)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
+import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from agentrl.cli import main
 from agentrl.env import ToolCall
 from agentrl.rollout import Trajectory
 from agentrl.view import render, write_viewer
+from tests.helpers import Child, run_child
 
 NASTY = 'Is 3 < 4 && 5 > 2? <script>alert("pwned")</script> <b>not bold</b> &amp; \'quoted\''
 CALL = '<tool_call>{"name": "search", "arguments": {"query": "Paris & <Lyon>"}}</tool_call>'
@@ -212,14 +216,27 @@ def test_browser_screenshot_shows_the_page(page, tmp_path):
         assert any(max(abs(a - b) for a, b in zip(rgb, want)) <= 2 for rgb in colors), want
 
 
+# The eval as a user types it, in a child process started ahead of the test (tests.helpers, "children started
+# ahead"): its minute of CPU overlaps the tests before it. It writes into a folder of its own, moved to tmp_path.
+EVAL_DIR = Path(tempfile.gettempdir()) / f"agentrl-tests-eval-{os.getpid()}"
+EMBEDDED_EVAL = Child((sys.executable, "-m", "agentrl", "eval", "hotpotqa_search", "--limit", "3",
+                       "--max-new-tokens", "48", "--out", "results.jsonl"), EVAL_DIR, (("OMP_NUM_THREADS", "1"),),
+                      timeout_s=600)
+
+
 @pytest.mark.slow
-def test_embedded_model_eval_then_view_renders_in_the_browser(tmp_path, capsys):
+@pytest.mark.child(EMBEDDED_EVAL)
+def test_embedded_model_eval_then_view_renders_in_the_browser(tmp_path):
     """The issue's path end to end: `agentrl eval hotpotqa_search` on the embedded SmolLM2 (CPU, through the
     driver and the engine), `agentrl view`, and the page opened in a real browser."""
 
+    done = run_child(EMBEDDED_EVAL)
     out = tmp_path / "results.jsonl"
-    assert main(["eval", "hotpotqa_search", "--limit", "3", "--max-new-tokens", "48", "--out", str(out)]) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    if (EVAL_DIR / "results.jsonl").exists():
+        shutil.move(EVAL_DIR / "results.jsonl", out)
+    shutil.rmtree(EVAL_DIR, ignore_errors=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["n"] == 3 and summary["model"] == "smollm2-135m-instruct"
     assert main(["view", str(out)]) == 0
     dom = browse(tmp_path, out.with_suffix(".html"), "--dump-dom").stdout
