@@ -37,6 +37,10 @@ def eval_table(paths: list[Path]) -> list[str]:
     return lines
 
 
+def _cell(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4f}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
@@ -51,9 +55,11 @@ def main():
     print(f"{len(records)} steps; means over the first and last {w}.\n")
     print("| metric | first | last |\n|---|---|---|")
     for key in CURVES:
+        # A window may lack a key the other has: loss/* metrics come only from steps that ran a sample (a step whose
+        # groups all scored alike runs none), so "–" there.
         a, b = mean(first, key), mean(last, key)
-        if a is not None:
-            print(f"| `{key}` | {a:.4f} | {b:.4f} |")
+        if a is not None or b is not None:
+            print(f"| `{key}` | {_cell(a)} | {_cell(b)} |")
     print(f"\n| speed, steps 2-{len(records)} (step 1: {records[0].get('seconds', 0):.1f} s) | mean |\n|---|---|")
     for key in SPEED:
         value = mean(later, key)
