@@ -38,7 +38,8 @@ if [ -n "${TOTAL_SECONDS:-}" ]; then
 fi
 # A run that stops making steps is ended 180 s after its time limit; what it saved is evaluated all the same.
 START=--overwrite
-[ "${RESUME:-0}" = 1 ] && START=--resume || : > "$OUT/train.log"  # a resumed run's log goes on
+[ "${RESUME:-0}" = 1 ] && START=--resume || { : > "$OUT/train.log"; : > "$OUT/train_calls"; }  # a resumed run's go on
+echo "$TRAIN_SECONDS" >> "$OUT/train_calls"  # each call's training budget, for the report of a run over several
 timeout $(( TRAIN_SECONDS + 180 )) python3 -m agentrl.cli train "$ENV_NAME" --config "$CONFIG" --model "$MODEL" \
   --time_limit_s="$TRAIN_SECONDS" --run-dir "$RUN" "$START" "$@" 2>> "$OUT/train.log" | tail -1 || {
   echo "training ended with an error or stalled; see $OUT/train.log" >&2
@@ -52,6 +53,9 @@ python3 -m agentrl.cli plot "$RUN" --out "$OUT/curves.png" || true
   printf '# %s on %s\n\n' "$(basename "$MODEL")" "$ENV_NAME"
   printf 'Command: `CONFIG=%s EVAL="%s" MODEL=%s TRAIN_SECONDS=%s bash benchmarks/learning.sh%s`\n' \
     "$CONFIG" "$EVAL" "$MODEL" "$TRAIN_SECONDS" "${*:+ $*}"
+  calls=$(paste -sd+ "$OUT/train_calls")
+  [ "$(wc -l < "$OUT/train_calls")" -gt 1 ] && printf 'Training over %s calls (RESUME=1, SKIP_AFTER=1 before this one): %s = %s s\n' \
+    "$(wc -l < "$OUT/train_calls")" "$calls" "$(( calls ))"
   printf 'at commit %s · %s · device: %s · curves: curves.png\n\n' "$(git rev-parse --short HEAD 2>/dev/null || echo ?)" \
     "$(date -u '+%F %H:%M UTC')" \
     "$(python3 -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU")')"
