@@ -279,7 +279,6 @@ class ParallelRun:
             metrics = {"loss": 0.0, "grad_norm": result.grad_norm, "lr": result.lr, "skipped": result.skipped,
                        "train_seconds": time.perf_counter() - started, "pack_seconds": 0.0, "trained_tokens": 0,
                        "trained_tokens_per_s": 0.0, "generated_tokens": 0, "rows": 0}
-        trainer.ran_a_step = True  # on every rank alike, a share or none: the next step's choice must agree
         combined = combine_train_metrics(self._gather(metrics), stepper.pooled_loss)
         combined.update(sample_counts(samples, trained, combined["train_seconds"]))  # the whole batch's counts
         if not trained:

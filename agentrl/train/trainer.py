@@ -50,10 +50,6 @@ class Trainer:
         # attention kernel before the first step relies on it.
         self.share_prefix = config.share_prefix and prefix_sharing_unsupported(model) is None
         self._tree_checked = False
-        # Until one step has run, every sample runs (`samples_to_train`): the trainer's compiles and first captures
-        # then fall on the run's first step, which pays for start-up anyway, and not on whichever later step first
-        # has a group that scored apart (an untrained model's first groups often all score alike).
-        self.ran_a_step = False
         self.graphs = None
         if cuda_graphs:
             if self.device.type != "cuda" or not takes_flat_layout(model) or is_hybrid(model):
@@ -99,7 +95,6 @@ class Trainer:
             for sample in samples:
                 if id(sample) not in kept:
                     sample.validate()
-        self.ran_a_step = True
         if not trained:
             return self._zero_gradient_step(samples, guard)
         batch = self.pack(trained)
@@ -144,10 +139,19 @@ class Trainer:
 
     def samples_to_train(self, samples: Sequence[TrainingSample]) -> list[TrainingSample]:
         """The samples a step runs forward and backward: those that carry a gradient (`trainer.skip_zero_advantage`),
-        or all of them (the option off, or the first step: `ran_a_step`). Either gives the same update."""
-        if not self.config.skip_zero_advantage or not self.ran_a_step:
+        or all of them (the option off, or the run's first step: `first_step`). Either gives the same update."""
+        if not self.config.skip_zero_advantage or self.first_step:
             return list(samples)
         return [s for s in samples if carries_gradient(s)]
+
+    @property
+    def first_step(self) -> bool:
+        """No update has run yet: the schedule has not advanced and no step was skipped. The run's first step runs
+        every sample, so the trainer's compiles and first captures fall on it, which pays for start-up anyway, and
+        not on whichever later step first has a group that scored apart (an untrained model's first groups often all
+        score alike). Read from state a checkpoint restores, so a resumed run chooses as the straight run did (and
+        trains bit for bit alike), and every replica alike."""
+        return self.scheduler.last_epoch == 0 and self.stepper.skipped_total == 0
 
     def _zero_gradient_step(self, samples: Sequence[TrainingSample], guard) -> dict:
         """A batch in which no sample carries a gradient: no forward, but the update still runs on zero gradients,
