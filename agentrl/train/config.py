@@ -171,7 +171,8 @@ class TrainerConfig:
     cuda_graphs: bool | None = None
     # Leave out of the forward and backward the samples whose advantage is 0 (a group whose members all scored
     # alike): they add exactly nothing to the gradient (agentrl.train.loss.carries_gradient), and the update stays
-    # the one over every sample. false: run them anyway, e.g. for loss diagnostics over every token.
+    # the one over every sample. The run's first step runs them all the same, so the trainer compiles there
+    # (Trainer.first_step). false: run them anyway, e.g. for loss diagnostics over every token.
     skip_zero_advantage: bool = True
 
     def __post_init__(self):
