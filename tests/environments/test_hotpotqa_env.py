@@ -205,6 +205,27 @@ def test_format_bonus_is_a_flat_bonus_for_searching(train, turns, expected_forma
     assert total == pytest.approx(expected_total)
 
 
+@pytest.mark.parametrize("turns,expected_hop", [
+    ([_call("who"), _call("where"), "<answer>{gold}</answer>"], 1.0),  # two hops, right answer
+    ([_call("who"), _call("where"), "<answer>nothing</answer>"], 0.0),  # two hops, wrong answer: nothing
+    ([_call("who"), _call(" WHO "), "<answer>{gold}</answer>"], 0.0),  # the same query twice is one hop
+    ([_call("who"), "<answer>{gold}</answer>"], 0.0),  # one hop
+])
+def test_hop_bonus_pays_for_a_second_search_only_through_a_right_answer(train, turns, expected_hop):
+    env = load_environment(search_bonus=0.1, hop_bonus=0.5)
+    assert env.reward_weights["two_hop_f1"] == 0.5
+    sample = train[0]
+    episode = env.start(sample)
+    for text in turns:
+        asyncio.run(env.step(episode, text.replace("{gold}", sample["answer"])))
+    total, parts = env.total_reward(episode)
+    assert parts["two_hop_f1"] == expected_hop
+    assert total == pytest.approx(parts["answer_f1"] * 1.1 + 0.5 * expected_hop)
+    assert "two_hop_f1" not in load_environment().reward_weights  # off by default
+    with pytest.raises(ValueError, match="hop_bonus"):
+        load_environment(hop_bonus=-1)
+
+
 def test_format_bonus_options():
     assert load_environment(format_bonus=0.25).reward_weights == {"answer_f1": 1.0, "answer_em": 0.0,
                                                                   "search_calls": 0.0, "searched_f1": 0.1,
