@@ -7,6 +7,7 @@ tool-calling policy, and stand-in tracker packages.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import os
 import subprocess
@@ -192,6 +193,10 @@ class _Ahead:
             Path(child.cwd).mkdir(parents=True, exist_ok=True)
             proc = subprocess.Popen(child.cmd, cwd=child.cwd, env={**environ, **dict(child.env)},
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            # Below the tests in priority: a few of them bound wall time (a tool's cancel, a fresh start) and must
+            # not wait on a child for the core.
+            with contextlib.suppress(OSError, AttributeError):
+                os.setpriority(os.PRIO_PROCESS, proc.pid, 10)
             self.running.add(proc)
         try:
             stdout, stderr = proc.communicate(timeout=child.timeout_s)
