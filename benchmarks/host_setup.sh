@@ -13,6 +13,9 @@ export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # machine; a saved cache carried under .gpu-bundle/kernel-cache is unpacked before anything compiles.
 export AGENTRL_KERNEL_CACHE=${AGENTRL_KERNEL_CACHE:-/tmp/kernel-cache}
 export TRITON_CACHE_DIR=$AGENTRL_KERNEL_CACHE/triton TORCHINDUCTOR_CACHE_DIR=$AGENTRL_KERNEL_CACHE/inductor
+# Triton keeps autotuning results (fla's kernels autotune on first use) only with this on, in the same cache dir:
+# without it a machine with every kernel compiled still benchmarks every config again.
+export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 if [ -f .gpu-bundle/kernel-cache/manifest.json ] && [ ! -f "$AGENTRL_KERNEL_CACHE/.loaded" ]; then
   python3 benchmarks/kernel_cache.py load .gpu-bundle/kernel-cache && touch "$AGENTRL_KERNEL_CACHE/.loaded"
 fi

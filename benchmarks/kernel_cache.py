@@ -14,7 +14,8 @@ the next lease, and `load` unpacks them before anything compiles.
 
 A device call returns at most 8 files of 16 MiB (64 MiB together), logs included: `save` writes parts of 15 MiB
 and leaves the inductor cache out when both caches together would pass `--max-mib` (Triton's holds the compiled
-kernels and the autotuning results, the slow part on a cold machine). Same GPU and software on both machines, or
+kernels and, since host_setup.sh sets TRITON_CACHE_AUTOTUNING on 2026-12-02, the autotuning results: the slow part
+on a cold machine; caches saved before hold no autotuning results). Same GPU and software on both machines, or
 the caches' own keys miss and nothing is lost but the transfer.
 """
 
