@@ -7,6 +7,7 @@ import time
 
 import torch
 
+
 def print_profile(name: str, step, model) -> None:
     """Run `step()` once under the profiler and print its GPU kernel time against its wall time, that time by kind
     of kernel, and the top kernels by device and by host time."""
@@ -46,7 +47,8 @@ def kernel_ms(events) -> float:
 
 # Kernel name fragments by kind, first match wins: where a step's GPU time goes.
 KERNEL_KINDS = (
-    ("delta rule (fla, agentrl)", ("delta", "chunk_", "recompute_w_u", "solve_tril", "l2norm", "cumsum")),
+    ("delta rule (fla, agentrl)", ("delta", "chunk_gated", "chunk_fwd", "chunk_bwd", "chunk_scaled", "chunk_local",
+                                   "recompute_w_u", "solve_tril", "l2norm")),
     ("conv", ("conv",)),
     ("attention", ("flash", "fmha", "attention", "_decode_kernel", "_prefill_kernel", "_combine_splits")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas")),
