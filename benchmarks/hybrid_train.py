@@ -270,9 +270,9 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     computed = f", {packed.num_tokens:,} tokens computed" if packed.num_tokens != sum(len(x) for x in samples) else ""
     result = measure(lambda: trainer.step(samples, policy_version=0), steps, device, limit_s, smoke)
     if profile and "error" not in result:
-        from benchmarks.train_step import print_profile
+        from benchmarks.kernel_profile import print_profile
 
-        print_profile("(a) agentrl trainer", lambda *_: trainer.step(samples, policy_version=0), model, None, None)
+        print_profile("(a) agentrl trainer", lambda: trainer.step(samples, policy_version=0), model)
     if compiled:  # the transformers rows run eager layers
         for module in model.modules():
             module.__dict__.pop("_compiled_call_impl", None)

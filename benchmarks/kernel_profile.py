@@ -8,13 +8,14 @@ import time
 import torch
 
 
-def print_profile(name: str, step, model) -> None:
+def print_profile(name: str, step, model, trace: str | None = None) -> None:
     """Run `step()` once under the profiler and print its GPU kernel time against its wall time, that time by kind
-    of kernel, and the top kernels by device and by host time."""
+    of kernel, and the top kernels by device and by host time. `trace`: also write the step's Chrome trace there,
+    gzipped, with Python stacks (where the device sat idle, and what the host did meanwhile: `trace_gaps.py`)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, with_stack=trace is not None) as prof:
         t = time.perf_counter()
         step()
         model.zero_grad(set_to_none=True)
@@ -26,8 +27,22 @@ def print_profile(name: str, step, model) -> None:
     # Kernel time well below the wall time means the device waited on the host (launches, syncs, compiles).
     print(f"--- {name}: GPU kernel time {busy:.1f} ms in a {wall * 1e3:.1f} ms step (profiled)")
     print(" | ".join(f"{kind} {ms:.1f} ms ({ms / max(busy, 1e-9):.0%})" for kind, ms in kernel_kinds(events)))
-    print(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=70))
+    print(events.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=110))
     print(events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=70))
+    if trace:
+        import gzip
+        import os
+        import shutil
+
+        raw = trace.removesuffix(".gz")
+        os.makedirs(os.path.dirname(raw) or ".", exist_ok=True)
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(raw)
+        from benchmarks.trace_gaps import load, summary
+
+        print(f"trace: {raw}.gz\n{summary(load(raw + '.gz'))}")
 
 
 def kernel_events(events) -> list:

@@ -216,7 +216,43 @@ def step_full_logits(model, batch, cfg):
     return loss
 
 
-def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=None, warmup=2):
+def print_host_syncs(name, step) -> None:
+    """Run `step()` once with CUDA's sync debug mode warning, and print each distinct place in agentrl or the
+    benchmark where the host waited on the device (an `.item()`, a device `nonzero`, a copy to pageable memory),
+    with how often: each one lets the device run dry while the host catches up."""
+    import collections
+    import traceback
+    import warnings
+
+    if not torch.cuda.is_available():
+        print(f"--- {name}: no CUDA, no sync debug")
+        return
+    places = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "agentrl" in f.filename or "benchmarks" in f.filename]
+        places[(str(message)[:80], " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[-4:][::-1]))] += 1
+
+    shown = warnings.showwarning
+    warnings.showwarning = record
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                step()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    finally:
+        warnings.showwarning = shown
+    print(f"--- {name}: {sum(places.values())} host syncs in one step")
+    for (message, where), count in places.most_common():
+        print(f"{count:>4} x {where}  ({message})")
+
+
+def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=None, warmup=2, trace=None,
+            sync_debug=False):
     model.zero_grad(set_to_none=True)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -245,10 +281,14 @@ def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=No
             times.append(time.perf_counter() - t)
         seconds = statistics.median(times)
         compiled = frames["total"] - compiled_before
+        if sync_debug:
+            print_host_syncs(name, lambda: fn(model, batch, cfg))
+            model.zero_grad(set_to_none=True)
         if profile:
             from benchmarks.kernel_profile import print_profile
 
-            print_profile(name, lambda: fn(model, batch, cfg), model)
+            print_profile(name, lambda: fn(model, batch, cfg), model,
+                          trace=f"{trace}/{name.replace(' ', '_')}.json" if trace else None)
     except torch.cuda.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
         return {"name": name, "error": "out of memory"}
@@ -408,6 +448,9 @@ def main():
                          "ckpt|nockpt[+compile][+varlen][+share][@rows per micro-batch], "
                          "e.g. default,ckpt,nockpt@1,nockpt+compile@1,nockpt+compile+varlen@1")
     ap.add_argument("--profile", action="store_true", help="print the kernel table of each variant")
+    ap.add_argument("--trace", help="with --profile: a folder for each variant's Chrome trace (gzipped)")
+    ap.add_argument("--sync-debug", action="store_true",
+                    help="print where one step of each variant makes the host wait on the device")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--shape", choices=("random", "hotpotqa", "gsm8k"), default="random",
                     help="random: samples of 200-2000 tokens; hotpotqa: groups of 8 sharing a 1.1k-token prompt; "
@@ -450,7 +493,8 @@ def main():
                 return trainer.step(samples, policy_version=0)
 
             rows.append(measure(f"agentrl {variant}", fn, model, trained, cfg, args.steps, args.profile,
-                                trained_tokens=host_batch.num_tokens, warmup=args.warmup))
+                                trained_tokens=host_batch.num_tokens, warmup=args.warmup, trace=args.trace,
+                                sync_debug=args.sync_debug))
             del trainer, fn  # AdamW's state
             continue
         set_variant(model, kind)

@@ -100,8 +100,26 @@ class StepResult:
     skipped: bool
 
 
+@dataclass
+class PendingStep:
+    """A step whose update is launched and not yet read back: `skip` is a host bool where the host decided before
+    the update, or a device flag where the optimizer skipped on the device by itself (`Stepper.launch`)."""
+
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    lr: float
+    skip: bool | torch.Tensor
+
+
 class Stepper:
-    """Clip, check, step (or skip and count), advance the schedule, clear gradients: the end of every train step."""
+    """Clip, check, step (or skip and count), advance the schedule, clear gradients: the end of every train step.
+
+    In two halves so the host never waits on the device between the last backward and the update: `launch` queues
+    the clip and the update (the part that writes the weights, which a caller wraps in the engine's pause), and
+    `finish` reads the loss, the norm and the skip decision back in one transfer, then does the host's bookkeeping.
+    With a fused AdamW the optimizer skips a non-finite step on the device (`found_inf`, the flag AMP's grad scaler
+    hands it: no update, no moment decay, its step count restored), so nothing waits; otherwise (the CPU) the host
+    reads the loss and norm first and decides, as `step` always did."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, cfg: OptimConfig):
         self.model, self.optimizer, self.scheduler, self.cfg = model, optimizer, scheduler, cfg
@@ -109,21 +127,48 @@ class Stepper:
         self.skipped_in_a_row = 0
 
     def step(self, loss: torch.Tensor) -> StepResult:
+        return self.finish(self.launch(loss))
+
+    def launch(self, loss: torch.Tensor) -> PendingStep:
         grad_norm = clip_grad_norm(self.model.parameters(), self.cfg.max_grad_norm)
         lr = self.optimizer.param_groups[0]["lr"]
+        if self.skips_on_device:
+            loss = loss.detach().to(grad_norm.device, torch.float32)
+            bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+            self.optimizer.found_inf = bad.float()
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf
+            return PendingStep(loss, grad_norm, lr, bad)
         skip = should_skip(loss, grad_norm)
+        if not skip:
+            self.optimizer.step()
+        return PendingStep(loss, grad_norm, lr, skip)
+
+    @property
+    def skips_on_device(self) -> bool:
+        """The optimizer takes AMP's `found_inf` flag: torch's fused Adam and AdamW (`build_optimizer` fuses on CUDA)."""
+        return bool(getattr(self.optimizer, "_step_supports_amp_scaling", False))
+
+    def finish(self, pending: PendingStep) -> StepResult:
+        if isinstance(pending.skip, torch.Tensor):  # one transfer for all three
+            loss, grad_norm, bad = torch.stack([pending.loss, pending.grad_norm.float(),
+                                                pending.skip.float()]).tolist()
+            skip = bool(bad)
+        else:
+            loss, grad_norm, skip = float(pending.loss.detach()), float(pending.grad_norm), pending.skip
         if skip:
             self.skipped_total += 1
             self.skipped_in_a_row += 1
             if self.skipped_in_a_row >= self.cfg.max_consecutive_skips:
                 raise RuntimeError(f"{self.skipped_in_a_row} steps in a row had a non-finite loss or gradient norm "
-                                   f"(last loss {float(loss.detach())}, grad norm {float(grad_norm)}); stopping the run")
+                                   f"(last loss {loss}, grad norm {grad_norm}); stopping the run")
         else:
             self.skipped_in_a_row = 0
-            self.optimizer.step()
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(grad_norm=float(grad_norm), lr=lr, skipped=skip)
+        return StepResult(grad_norm=grad_norm, lr=pending.lr, skipped=skip)
 
     def state_dict(self) -> dict:
         return {"skipped_total": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row}

@@ -126,10 +126,13 @@ class Trainer:
             # Nothing of this micro-batch's autograd graph may live into the next one's forward: a CUDA graph
             # captured there must create the parameters' gradient accumulators on its own stream (flat_graphs).
             del logprobs, entropy, loss
+        # The update is queued behind the last backward before anything is read back: the host's clip and launch
+        # work overlaps the device's backward instead of leaving the device idle after a wait.
+        with guard():
+            update = self.stepper.launch(loss_sum if isinstance(loss_sum, torch.Tensor) else torch.tensor(loss_sum))
+        result = self.stepper.finish(update)
         loss_total = float(loss_sum)
         metrics_rows = [m.resolve() for m in pending]
-        with guard():
-            result = self.stepper.step(torch.tensor(loss_total))
         seconds = time.perf_counter() - started
         return {"loss": loss_total, "grad_norm": result.grad_norm, "lr": result.lr, "skipped": result.skipped,
                 "train_seconds": seconds, "pack_seconds": pack_seconds, "rows": n_rows,

@@ -28,3 +28,25 @@ def test_kernels_are_counted_once_and_sorted_by_kind():
     assert [k for k, _ in kinds] == ["gemm", "attention", "delta rule (fla, agentrl)", "fused (inductor)",
                                      "copy / index / fill"]
     assert [ms for _, ms in kinds] == pytest.approx([4.0, 1.5, 0.7, 0.5, 0.3])
+
+
+def test_trace_gaps_are_charged_to_the_host_frames_around_them():
+    """Two kernels 100 us apart (a 100-us gap) and two close ones: one gap, charged to the deepest of our frames
+    running at its middle and to the frame that launched the kernel ending it."""
+    from benchmarks.trace_gaps import busy_intervals, gaps, summary
+
+    def x(cat, name, ts, dur, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
+
+    events = [x("kernel", "gemm", 0, 50, correlation=1), x("kernel", "flash", 150, 50, correlation=2),
+              x("kernel", "copy", 205, 10, correlation=3), x("kernel", "side", 160, 10, correlation=4),
+              x("python_function", "agentrl/train/trainer.py(90): step", 0, 300),
+              x("python_function", "agentrl/train/pack.py(10): pack_samples", 60, 70),
+              x("python_function", "torch/nn/modules/module.py(1): _call_impl", 80, 20),
+              x("python_function", "agentrl/train/logprobs.py(470): packed_token_logprobs", 140, 5),
+              x("cuda_runtime", "cudaLaunchKernel", 142, 2, correlation=2)]
+    assert [(s, e) for s, e, _ in busy_intervals(events)] == [(0, 50), (150, 200), (205, 215)]
+    found = gaps(events, min_us=20)
+    assert [(g.start, g.end, g.during, g.launched_by) for g in found] == [
+        (50, 150, "agentrl/train/pack.py(10): pack_samples", "agentrl/train/logprobs.py(470): packed_token_logprobs")]
+    assert summary(events).startswith("device busy 0.1 ms of a 0.2 ms span (first to last kernel); 1 gaps over 20 us")

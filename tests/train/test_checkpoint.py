@@ -173,6 +173,44 @@ def test_optimizer_groups_and_non_finite_steps_are_skipped_and_counted():
         bad_step()
 
 
+def test_a_fused_optimizer_skips_on_the_device_exactly_as_the_host_decides(monkeypatch):
+    """A fused AdamW (the CUDA default) skips a non-finite step in its own kernel, with nothing read back before the
+    update: weights, moments, step counts, schedule and skip counts equal a stepper whose host decides first, bit
+    for bit, over finite, non-finite and finite steps; and the run still stops after too many skips in a row."""
+    cfg = OptimConfig(lr=0.1, weight_decay=0.5, max_grad_norm=1.0, max_consecutive_skips=2)
+
+    def stepper():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
+        return Stepper(model, opt, build_scheduler(opt, cfg, total_steps=10), cfg)
+
+    on_device, on_host = stepper(), stepper()
+    monkeypatch.setattr(type(on_host), "skips_on_device", property(lambda self: self.optimizer is not on_host.optimizer))
+    assert on_device.skips_on_device and not on_host.skips_on_device
+
+    def step(s, scale):
+        loss = (s.model(torch.ones(1, 3)) * torch.tensor([1.0, 2.0, 3.0])).sum() * scale
+        loss.backward()
+        return s.step(loss.detach())
+
+    for scale in (1.0, float("nan"), 2.0, float("inf")):
+        a, b = step(on_device, scale), step(on_host, scale)
+        assert (a.skipped, a.lr) == (b.skipped, b.lr) and a.skipped == (scale != scale or scale == float("inf"))
+        assert a.grad_norm == b.grad_norm or (a.grad_norm != a.grad_norm and b.grad_norm != b.grad_norm)
+        assert all(torch.equal(x, y) for x, y in zip(on_device.model.parameters(), on_host.model.parameters()))
+        for x, y in zip(on_device.model.parameters(), on_host.model.parameters()):
+            sx, sy = on_device.optimizer.state[x], on_host.optimizer.state[y]
+            assert all(torch.equal(sx[k], sy[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
+        assert (on_device.scheduler.last_epoch, on_device.skipped_total) == (on_host.scheduler.last_epoch,
+                                                                             on_host.skipped_total)
+    assert on_device.scheduler.last_epoch == 2 and on_device.skipped_total == 2
+    assert float(on_device.optimizer.state[next(on_device.model.parameters())]["step"]) == 2
+    with pytest.raises(RuntimeError, match="2 steps in a row"):
+        step(on_device, float("nan"))
+        step(on_device, float("nan"))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_parameters_get_fused_adamw_and_resume_with_cuda_rng(tmp_path):
