@@ -14,8 +14,9 @@ hybrid model, each on samples of 200-2000 tokens (a third prompt, the rest train
   replaced by the torch functions they wrap), on fewer tokens and one timed step: it is slow.
 
 FLOPs of a step (MFU over 790 TFLOP/s, the H200's measured bf16 dense peak, as train_step.py):
-- 6 x (non-embedding params + vocab x hidden) per token: every matrix multiply forward and backward, the tied
-  head's GEMM counted for every token as train_step.py does (agentrl computes it on trained positions only);
+- 6 x non-embedding params per token, and 6 x vocab x hidden per trained target: every matrix multiply forward and
+  backward, the head only where the loss reads it, as train_step.py counts (until 2026-12-02 both counted the head
+  at every token; agentrl computes it at trained positions only, transformers' rows everywhere);
 - full attention, the 6 attention layers only: 12 x layers x (heads x head_dim) x sum over samples of n^2 / 2
   (QK^T and PV on the causal half, forward + backward);
 - the delta rule, the 18 linear layers: 18 x layers x value heads x key_dim x value_dim per token. Its recurrent
@@ -120,15 +121,17 @@ def torch_reference_kernels(model):
 
 # ------------------------------------------------------------------------------------------------ FLOPs
 
-def train_flops(model, lengths: list[int]) -> dict[str, float]:
-    """A train step's FLOPs over samples of `lengths` tokens, by term (see the module docstring)."""
+def train_flops(model, samples) -> dict[str, float]:
+    """A train step's FLOPs over `samples`, by term (see the module docstring). The vocabulary projection counts at
+    the trained targets only, the positions the loss reads (as `train_step.flops_per_step`): a row that computes
+    logits everywhere does work the step does not need."""
     c = model.config
-    params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
-    if c.tie_word_embeddings:
-        params += c.vocab_size * c.hidden_size  # the tied head still does its GEMM
+    params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n)
+    lengths = [len(s) for s in samples]
     tokens = sum(lengths)
+    targets = sum(sum(s.trainable[1:]) for s in samples)
     types = list(c.layer_types)
-    dense = 6 * params * tokens
+    dense = 6 * params * tokens + 6 * c.vocab_size * c.hidden_size * targets
     pairs = sum(n * n / 2 for n in lengths)  # causal query-key pairs
     attention = 12 * types.count("full_attention") * c.num_attention_heads * c.head_dim * pairs
     delta = (18 * types.count("linear_attention") * c.linear_num_value_heads * c.linear_key_head_dim
@@ -342,10 +345,10 @@ def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: 
             rows.append([name, f"{len(chosen)} / {n:,}", result.get("layout", ""), None, None, None, None,
                          f"failed: {result['error']}"])
             continue
-        mfu = train_flops(model, [len(s) for s in chosen])["total"] / result["seconds"] / PEAK_FLOPS
+        mfu = train_flops(model, chosen)["total"] / result["seconds"] / PEAK_FLOPS
         rows.append([name, f"{len(chosen)} / {n:,}", result["layout"], result["seconds"], n / result["seconds"],
                      f"{mfu:.1%}", result["peak"], f"{result['kernel']}; {result['timed']}"])
-    per_token = train_flops(model, [len(s) for s in samples])
+    per_token = train_flops(model, samples)
     n = sum(len(s) for s in samples)
     types = list(model.config.layer_types)
     notes = [f"FLOPs a token on (a)'s samples: {per_token['dense'] / n / 1e9:.3f} G dense (6 x params) + "
@@ -356,7 +359,7 @@ def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: 
              "tok/s and MFU count real tokens only"]
     a = results["(a) agentrl trainer"]
     if "error" not in a:
-        mfu = train_flops(model, [len(s) for s in samples])["total"] / a["seconds"] / PEAK_FLOPS
+        mfu = train_flops(model, samples)["total"] / a["seconds"] / PEAK_FLOPS
         notes.append(f"goal: (a) >= 30% MFU: {'met' if mfu >= 0.3 else 'NOT met'}")
     if not skip_hf:
         notes.append(f"(c) runs {reference_tokens:,} tokens (other samples of the same lengths' distribution) and one "

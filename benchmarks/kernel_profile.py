@@ -64,8 +64,10 @@ def kernel_ms(events) -> float:
 KERNEL_KINDS = (
     ("delta rule (fla, agentrl)", ("delta", "chunk_gated", "chunk_fwd", "chunk_bwd", "chunk_scaled", "chunk_local",
                                    "recompute_w_u", "solve_tril", "l2norm")),
-    ("conv", ("conv",)),
+    # Attention before conv, and conv by whole names: flash's `flash_bwd_convert_dq_kernel` and inductor's
+    # `..._convert_element_type` kernels hold "conv" too.
     ("attention", ("flash", "fmha", "attention", "_decode_kernel", "_prefill_kernel", "_combine_splits")),
+    ("conv", ("conv1d", "conv_depthwise", "_conv_kernel", "conv_fwd", "conv_bwd")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas")),
     ("optimizer", ("adam", "multi_tensor")),
     ("fused (inductor)", ("triton_",)),

@@ -33,8 +33,10 @@ the same with `trainer.cuda_graphs=false`, `default-nocompile` with `model.compi
 `default+key=value[+...]` with any run options on top; with the default two warm-up steps, `default`'s timed
 steps are replays.
 
-MFU counts 6 x (non-embedding params + vocab x hidden) per token plus causal attention (12 x layers x q_dim x
-mean context), over 790 TFLOP/s (the H200's measured bf16 dense peak, docs/anchors.md).
+MFU counts the FLOPs the step must compute: 6 x non-embedding params per token, 6 x vocab x hidden per trained
+target only (the chunked head computes no other position; until 2026-12-02 it was counted at every token), and causal
+attention (12 x layers x q_dim x mean context), over 790 TFLOP/s (the H200's measured bf16 dense peak,
+docs/anchors.md).
 
 Without CUDA the same code runs on the CPU in float32 (sdpa where the GPU runs flex_attention; flash varlen
 variants report an error row): a smoke run that catches a broken variant before GPU time is spent, e.g.
@@ -157,17 +159,29 @@ def make_gsm8k_samples(total_tokens: int, vocab: int, seed: int = 0, members: in
 
 
 def flops_per_step(model, batch) -> float:
+    """The FLOPs the step has to compute: 6 x the decoder's non-embedding parameters per computed token, the
+    vocabulary projection (6 x vocab x hidden) only at the positions the loss reads (the chunked head computes no
+    others: a third of the random shape's positions are untrained prompt), and causal attention. Until 2026-12-02
+    the head was counted at every token, which credited the step with FLOPs it never ran (BENCHMARKS.md, history)."""
     c = model.config
-    params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
-    if c.tie_word_embeddings:
-        params += c.vocab_size * c.hidden_size  # the tied head still does its GEMM
+    params = sum(p.numel() for n, p in model.named_parameters()
+                 if "embed_tokens" not in n and "lm_head" not in n)
+    head = 6 * c.vocab_size * c.hidden_size * head_positions(batch)
     if hasattr(batch, "units"):  # prefix-shared: the prefix once, each suffix attending to it and to itself
         pairs = sum(u.prefix_len ** 2 / 2 + sum(u.prefix_len * n + n * n / 2 for n in u.suffix_lens)
                     for row in batch.units for u in row)
     else:
         pairs = sum(n * n / 2 for row in batch.segments for _, _, n in row)
     attention = 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * pairs
-    return 6 * params * batch.num_tokens + attention
+    return 6 * params * batch.num_tokens + head + attention
+
+
+def head_positions(batch) -> int:
+    """Positions whose logits the trainer computes: each trained target once (a prefix-shared batch computes a shared
+    position's logits once for all the members that train on it)."""
+    if hasattr(batch, "head_index"):
+        return int(batch.head_index.numel())
+    return int(batch.loss_mask.sum())
 
 
 def pad_multiple() -> int:
