@@ -37,26 +37,69 @@ CACHES = ("triton", "inductor")  # subdirectories of ROOT, in the order they are
 MIB = 1 << 20
 
 
-def _packed(dirs: list[Path], archive: Path) -> int:
+def _packed(dirs: list[Path], archive: Path, entries: set[Path] | None = None) -> int:
+    """`dirs` into a gzipped tar at `archive`; with `entries`, only those subfolders of them."""
     with tarfile.open(archive, "w:gz", compresslevel=6) as tar:
         for d in dirs:
-            tar.add(d, arcname=d.name)
+            if entries is None:
+                tar.add(d, arcname=d.name)
+                continue
+            for entry in sorted(e for e in d.iterdir() if e in entries):
+                tar.add(entry, arcname=f"{d.name}/{entry.name}")
     return archive.stat().st_size
 
 
+def _last_touched(entry: Path) -> float:
+    """When an entry's files were last written or read (atime: Triton reads the kernel it serves from the cache).
+    Folders count by their mtime only: listing a folder, as this does, moves its own access time."""
+    files = [f for f in entry.rglob("*") if f.is_file()] if entry.is_dir() else [entry]
+    return max([entry.stat().st_mtime] + [max(f.stat().st_mtime, f.stat().st_atime) for f in files])
+
+
+def _bytes(entry: Path) -> int:
+    return sum(f.stat().st_size for f in entry.rglob("*") if f.is_file()) if entry.is_dir() else entry.stat().st_size
+
+
 def save(out: Path, root: Path = ROOT, max_mib: int = 45, part_mib: int = 15) -> str:
-    """Pack `root`'s caches into `out` (parts and a manifest, as `ship_model.split` writes them); what it kept."""
+    """Pack `root`'s caches into `out` (parts and a manifest, as `ship_model.split` writes them); what it kept.
+
+    Both caches if they fit in `max_mib`, else Triton's alone, else Triton's most recently used entries (those this
+    machine compiled or served), newest first, as many as fit: a cache that outgrew a call's returned files keeps
+    what the latest runs needed rather than nothing."""
     present = [root / name for name in CACHES if (root / name).is_dir() and any((root / name).iterdir())]
+    # Ordered before anything is packed: packing reads every file, which moves their access times to now.
+    entries = sorted(present[0].iterdir(), key=_last_touched, reverse=True) if present else []
     with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "kernel-cache.tgz"
         for keep in (present, present[:1]):
             if not keep:
                 break
-            archive = Path(tmp) / "kernel-cache.tgz"
             size = _packed(keep, archive)
             if size <= max_mib * MIB:
                 split(archive, out, part_mib)
                 return f"saved {', '.join(d.name for d in keep)}: {size / MIB:.1f} MiB in {out}"
-        return f"nothing saved: {', '.join(d.name for d in present) or 'no cache'} over {max_mib} MiB or empty"
+        if not present:
+            return "nothing saved: no cache"
+        first = present[0]
+        total = sum(_bytes(e) for e in entries)
+        ratio = size / max(total, 1)  # compressed per raw byte, from the whole cache's archive just made
+        budget = max_mib * MIB
+        while budget > 0:
+            chosen, used = set(), 0
+            for e in entries:
+                if used + _bytes(e) * ratio > budget:
+                    break
+                chosen.add(e)
+                used += _bytes(e) * ratio
+            if not chosen:
+                break
+            size = _packed([first], archive, chosen)
+            if size <= max_mib * MIB:
+                split(archive, out, part_mib)
+                return (f"saved the {len(chosen)} newest of {len(entries)} {first.name} entries: {size / MIB:.1f} MiB "
+                        f"in {out}")
+            budget = int(budget * 0.9)
+        return f"nothing saved: {', '.join(d.name for d in present)} over {max_mib} MiB"
 
 
 def load(parts: Path, root: Path = ROOT) -> str:
