@@ -165,7 +165,7 @@ class FlatInputs:
         out = decoder(input_ids=self.ids[None], position_ids=self.pos[None], use_cache=False,
                       cu_seq_lens_q=self.cu_q, cu_seq_lens_k=self.cu_k, max_length_q=self.max_q,
                       max_length_k=self.max_k, **extra)
-        return out.last_hidden_state[0]
+        return out.last_hidden_state.squeeze(0)  # a view; indexing [0] would copy its gradient into zeros
 
     def tensors(self) -> list[torch.Tensor]:
         return [getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)]

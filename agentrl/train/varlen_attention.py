@@ -62,7 +62,7 @@ def reference_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, 
             mask = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=q.device).tril((k1 - k0) - (q1 - q0))
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, dropout_p=dropout,
                                            is_causal=causal and mask is None, scale=scale, enable_gqa=gqa)
-        pieces.append(o[0].transpose(0, 1))
+        pieces.append(o.squeeze(0).transpose(0, 1))
     return torch.cat(pieces)
 
 
@@ -87,8 +87,10 @@ def make_attention(kernel: Kernel, name: str):
         if kwargs.get(KV_INDEX) is not None:  # a prefix-shared row: each query sequence's keys, gathered
             index = kwargs[KV_INDEX].to(query.device)
             key, value = key.index_select(2, index), value.index_select(2, index)
-        # [1, H, T, D] -> [T, H, D]: the flat layout has one row
-        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+        # [1, H, T, D] -> [T, H, D]: the flat layout has one row. squeeze, not t[0]: indexing's backward writes each
+        # gradient into a zeroed copy of the whole input (a fill and a strided copy per tensor and layer, ≈ 12 ms of
+        # the Qwen3-0.6B step's backward; BENCHMARKS.md), squeeze's is a view.
+        q, k, v = (t.squeeze(0).transpose(0, 1) for t in (query, key, value))
         out = kernel(q, k, v, cu_q, cu_k, int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), float(scaling),
                      bool(getattr(module, "is_causal", True)), float(dropout))
         return out[None], None  # [1, T, Hq, D], as transformers' attention functions return
