@@ -227,7 +227,7 @@ item() {
   esac
 }
 items=("$@")
-[ ${#items[@]} -eq 0 ] && items=(qwen-gaps smollm2-mfu hybrid-fp32-layers hybrid-tests hybrid-compile)
+[ ${#items[@]} -eq 0 ] && items=(qwen-gaps smollm2-mfu hybrid-tests hybrid-compile)  # hybrid-fp32-layers: a call of its own
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4
