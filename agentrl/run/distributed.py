@@ -123,7 +123,9 @@ class ReplicaStepper(Stepper):
         self.scale = 1.0
         self.pooled_loss = 0.0
 
-    def step(self, loss: torch.Tensor):
+    def launch(self, loss: torch.Tensor):
+        # Every update goes through here (`Stepper.step` and the trainer's own launch alike), so every rank joins the
+        # same collectives in the same order, whether it ran a forward or not.
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.scale != 1.0:
             for p in params:
@@ -131,7 +133,7 @@ class ReplicaStepper(Stepper):
                     _local(p.grad).mul_(self.scale)
         reduce_gradients(params, self.mesh)
         self.pooled_loss = sum_over_replicas([float(loss) * self.scale], self.mesh)[0]
-        return super().step(torch.tensor(self.pooled_loss))
+        return super().launch(torch.tensor(self.pooled_loss))
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -148,8 +148,12 @@ class Stepper:
 
     @property
     def skips_on_device(self) -> bool:
-        """The optimizer takes AMP's `found_inf` flag: torch's fused Adam and AdamW (`build_optimizer` fuses on CUDA)."""
-        return bool(getattr(self.optimizer, "_step_supports_amp_scaling", False))
+        """The optimizer takes AMP's `found_inf` flag: torch's fused Adam and AdamW (`build_optimizer` fuses on CUDA),
+        over plain tensors. Tensor-parallel (DTensor) parameters keep the host's decision: a plain flag beside sharded
+        parameters in the fused op is a mix this project has not run on a GPU."""
+        if not getattr(self.optimizer, "_step_supports_amp_scaling", False):
+            return False
+        return not any(_is_dtensor(p) for group in self.optimizer.param_groups for p in group["params"])
 
     def finish(self, pending: PendingStep) -> StepResult:
         if isinstance(pending.skip, torch.Tensor):  # one transfer for all three
