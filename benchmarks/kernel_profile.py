@@ -1,5 +1,6 @@
 """A step's GPU kernels under torch's profiler: busy time against wall time, and where the time goes by kind of kernel
-(attention, GEMMs, inductor's fused kernels, the optimizer, copies). Used by `train_step.py --profile`."""
+(attention, GEMMs, inductor's fused kernels, the optimizer, copies), and where the host waits on the device. Used by
+`train_step.py --profile` and `--sync-debug`."""
 
 from __future__ import annotations
 
@@ -84,3 +85,39 @@ def kernel_kinds(events) -> list[tuple[str, float]]:
         kind = next((k for k, frags in KERNEL_KINDS if any(f in name for f in frags)), "other")
         totals[kind] = totals.get(kind, 0.0) + ms
     return sorted(totals.items(), key=lambda kv: -kv[1])
+
+
+def print_host_syncs(name, step) -> None:
+    """Run `step()` once with CUDA's sync debug mode warning, and print each distinct place in agentrl or the
+    benchmark where the host waited on the device (an `.item()`, a device `nonzero`, a copy to pageable memory),
+    with how often: each one lets the device run dry while the host catches up."""
+    import collections
+    import os
+    import traceback
+    import warnings
+
+    if not torch.cuda.is_available():
+        print(f"--- {name}: no CUDA, no sync debug")
+        return
+    places = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "agentrl" in f.filename or "benchmarks" in f.filename]
+        places[(str(message)[:80], " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in frames[-4:][::-1]))] += 1
+
+    shown = warnings.showwarning
+    warnings.showwarning = record
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                step()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    finally:
+        warnings.showwarning = shown
+    print(f"--- {name}: {sum(places.values())} host syncs in one step")
+    for (message, where), count in places.most_common():
+        print(f"{count:>4} x {where}  ({message})")

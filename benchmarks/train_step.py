@@ -230,41 +230,6 @@ def step_full_logits(model, batch, cfg):
     return loss
 
 
-def print_host_syncs(name, step) -> None:
-    """Run `step()` once with CUDA's sync debug mode warning, and print each distinct place in agentrl or the
-    benchmark where the host waited on the device (an `.item()`, a device `nonzero`, a copy to pageable memory),
-    with how often: each one lets the device run dry while the host catches up."""
-    import collections
-    import traceback
-    import warnings
-
-    if not torch.cuda.is_available():
-        print(f"--- {name}: no CUDA, no sync debug")
-        return
-    places = collections.Counter()
-
-    def record(message, category, filename, lineno, file=None, line=None):
-        frames = [f for f in traceback.extract_stack()[:-1] if "agentrl" in f.filename or "benchmarks" in f.filename]
-        places[(str(message)[:80], " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[-4:][::-1]))] += 1
-
-    shown = warnings.showwarning
-    warnings.showwarning = record
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                step()
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-    finally:
-        warnings.showwarning = shown
-    print(f"--- {name}: {sum(places.values())} host syncs in one step")
-    for (message, where), count in places.most_common():
-        print(f"{count:>4} x {where}  ({message})")
-
-
 def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=None, warmup=2, trace=None,
             sync_debug=False):
     model.zero_grad(set_to_none=True)
@@ -296,6 +261,8 @@ def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=No
         seconds = statistics.median(times)
         compiled = frames["total"] - compiled_before
         if sync_debug:
+            from benchmarks.kernel_profile import print_host_syncs
+
             print_host_syncs(name, lambda: fn(model, batch, cfg))
             model.zero_grad(set_to_none=True)
         if profile:
