@@ -350,8 +350,9 @@ def step(run: Run) -> dict:
 
     @contextlib.contextmanager
     def update_guard():
-        # No decode step sees half the parameters updated, and no interrupt stops the run there either.
-        with critical(), engine.pause():
+        # No decode step sees half the parameters updated, and no interrupt stops the run there either: one that
+        # arrives is held until the step has finished (the run loop raises it), so the step is saved as done.
+        with critical(hold_past_end=True), engine.pause():
             yield
             engine.bump_version()
 

@@ -30,15 +30,25 @@ class Interrupted(Exception):
 
 
 @contextlib.contextmanager
-def critical():
-    """Hold an interrupt until the block ends."""
+def critical(hold_past_end: bool = False):
+    """Hold an interrupt until the block ends, then raise it (once: a later section does not raise it again).
+
+    `hold_past_end`: keep holding it after the block, until `raise_pending()`. The optimizer update is such a block:
+    raised at its end, the interrupt would leave its step's own bookkeeping undone (the schedule, the step count the
+    checkpoint is saved under), so the run loop raises it once the step has finished."""
     _depth[0] += 1
     try:
         yield
     finally:
         _depth[0] -= 1
-        if _depth[0] == 0 and _pending:
-            raise Interrupted(_pending[0])
+        if _depth[0] == 0 and _pending and not hold_past_end:
+            raise Interrupted(_pending.pop(0))
+
+
+def raise_pending() -> None:
+    """Raise an interrupt held past its section (`critical(hold_past_end=True)`), outside every critical section."""
+    if _depth[0] == 0 and _pending:
+        raise Interrupted(_pending.pop(0))
 
 
 @contextlib.contextmanager

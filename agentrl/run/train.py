@@ -15,7 +15,7 @@ from pathlib import Path
 from agentrl.run.build import build_run, checkpoint_extra, start, step, stop
 from agentrl.run.config import TrainConfig
 from agentrl.run.distributed import ParallelRun, interrupt_hold, main_process
-from agentrl.run.interrupt import Interrupted, critical, interrupts_stop_the_run
+from agentrl.run.interrupt import Interrupted, critical, interrupts_stop_the_run, raise_pending
 from agentrl.run.progress import TrainProgress
 from agentrl.run.replay import SampleLog
 from agentrl.run.run_dir import Plan, clear_run, cut_metrics, plan_run, write_atomic, write_directory_atomic
@@ -65,6 +65,7 @@ def _train(cfg: TrainConfig, plan: Plan, progress: bool) -> dict:
                 if log is not None and (index % cfg.metrics.log_every == 0 or done == cfg.steps):
                     log.write(last)
                 bar.update(last)
+                raise_pending()  # a signal held through this step's update stops the run now, the step counted
                 out_of_time = cfg.time_limit_s is not None and time.perf_counter() - run.started > cfg.time_limit_s
                 if parallel is not None:
                     out_of_time = parallel.stop_together(out_of_time)
