@@ -48,8 +48,8 @@ class TrainingSample:
         for name in ("trainable", "behaviour_logprobs", "versions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"TrainingSample.{name} has {len(getattr(self, name))} entries, input_ids has {n}")
-        # Vectorised: a trainer packs a thousand-token sample per rollout each step, and these checks ran as Python
-        # loops at about a millisecond a sample, on the critical path before the step's first kernel.
+        # Vectorised: the trainer checks every sample of a step before its first kernel, and per-token Python loops
+        # there were most of the host's time on that critical path (BENCHMARKS.md, the train step's gaps).
         trainable = np.asarray(self.trainable)
         if trainable.dtype == object or not np.isin(trainable, (0, 1)).all():
             raise ValueError("TrainingSample.trainable must hold only 0 and 1")

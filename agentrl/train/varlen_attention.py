@@ -88,8 +88,8 @@ def make_attention(kernel: Kernel, name: str):
             index = kwargs[KV_INDEX].to(query.device)
             key, value = key.index_select(2, index), value.index_select(2, index)
         # [1, H, T, D] -> [T, H, D]: the flat layout has one row. squeeze, not t[0]: indexing's backward writes each
-        # gradient into a zeroed copy of the whole input (a fill and a strided copy per tensor and layer, ≈ 12 ms of
-        # the Qwen3-0.6B step's backward; BENCHMARKS.md), squeeze's is a view.
+        # gradient into a zeroed copy of the whole input (a fill and a strided copy per tensor and layer, a visible
+        # share of a step's backward: BENCHMARKS.md), squeeze's is a view.
         q, k, v = (t.squeeze(0).transpose(0, 1) for t in (query, key, value))
         out = kernel(q, k, v, cu_q, cu_k, int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), float(scaling),
                      bool(getattr(module, "is_causal", True)), float(dropout))
