@@ -55,7 +55,6 @@ def compare(model_name: str, device: str) -> None:
         logprobs._per_sample_hidden_states(decoder, batch)
     for h in handles:
         h.remove()
-    width = batch.input_ids.shape[1]
     print(f"{model_name} on {device}, fp32, lengths {LENGTHS}, attention {model.config._attn_implementation}, "
           f"TRITON_F32_DEFAULT={os.environ.get('TRITON_F32_DEFAULT', '(unset)')}")
     print(f"{'output of':<14} {'max |packed - alone|':>22} {'max |alone|':>12} {'worst sample (length)':>22}")
@@ -69,7 +68,6 @@ def compare(model_name: str, device: str) -> None:
             if d > worst:
                 worst, where = d, n
         print(f"{name:<14} {worst:>22.3e} {scale:>12.3g} {str(where):>22}")
-    del width
 
 
 def main():

@@ -8,6 +8,7 @@ run itself is broken, and it stops.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -146,7 +147,7 @@ class Stepper:
             self.optimizer.step()
         return PendingStep(loss, grad_norm, lr, skip)
 
-    @property
+    @functools.cached_property
     def skips_on_device(self) -> bool:
         """The optimizer takes AMP's `found_inf` flag: torch's fused Adam and AdamW (`build_optimizer` fuses on CUDA),
         over plain tensors. Tensor-parallel (DTensor) parameters keep the host's decision: a plain flag beside sharded

@@ -129,7 +129,7 @@ class Trainer:
         # The update is queued behind the last backward before anything is read back: the host's clip and launch
         # work overlaps the device's backward instead of leaving the device idle after a wait.
         with guard():
-            update = self.stepper.launch(loss_sum if isinstance(loss_sum, torch.Tensor) else torch.tensor(loss_sum))
+            update = self.stepper.launch(loss_sum)  # a tensor: at least one micro-batch ran
         result = self.stepper.finish(update)
         loss_total = float(loss_sum)
         metrics_rows = [m.resolve() for m in pending]
