@@ -66,6 +66,25 @@ def reference_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, 
     return torch.cat(pieces)
 
 
+class _KeysNoSegmentReads(torch.autograd.Function):
+    """Identity on the gathered keys and values; the backward zeroes the gradient rows of entries that no segment
+    reads (those at and past `cu_k[-1]`). Flash attention's varlen backward never writes those rows (its gradient
+    buffers start uninitialized), and a prefix-shared row on a bucket's shape has such entries: the gathered keys are
+    padded to the bucket with index 0. Their gradient would be whatever the memory held, added by the gather's
+    backward into the keys and values of the row's first token: wrong weights, or NaN ones."""
+
+    @staticmethod
+    def forward(ctx, k, v, cu_k):
+        ctx.save_for_backward(cu_k)
+        return k.view_as(k), v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, dk, dv):
+        (cu_k,) = ctx.saved_tensors
+        read = (torch.arange(dk.shape[0], device=dk.device) < cu_k[-1]).view(-1, *[1] * (dk.dim() - 1))
+        return torch.where(read, dk, 0), torch.where(read, dv, 0), None
+
+
 def make_attention(kernel: Kernel, name: str):
     """A transformers attention function `(module, query, key, value, attention_mask, ...)` around `kernel`."""
 
@@ -91,6 +110,8 @@ def make_attention(kernel: Kernel, name: str):
         # gradient into a zeroed copy of the whole input (a fill and a strided copy per tensor and layer, a visible
         # share of a step's backward: BENCHMARKS.md), squeeze's is a view.
         q, k, v = (t.squeeze(0).transpose(0, 1) for t in (query, key, value))
+        if kwargs.get(KV_INDEX) is not None and torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            k, v = _KeysNoSegmentReads.apply(k, v, cu_k)
         out = kernel(q, k, v, cu_q, cu_k, int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), float(scaling),
                      bool(getattr(module, "is_causal", True)), float(dropout))
         return out[None], None  # [1, T, Hq, D], as transformers' attention functions return

@@ -26,9 +26,33 @@ from tests.train.test_prefix_sharing import _groups
 REFERENCE = va.register("agentrl_varlen_reference", va.reference_kernel)  # flash's stand-in on CPU
 
 
-def _model(name="tiny-qwen3"):
+class _UnwrittenRows(torch.autograd.Function):
+    """Flash attention's varlen backward as it is on rows no segment reads: it never writes their gradient, so they
+    hold whatever the memory held; NaN here, the worst case."""
+
+    @staticmethod
+    def forward(ctx, k, v, cu_k):
+        ctx.end = int(cu_k[-1])
+        return k.view_as(k), v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, dk, dv):
+        dk, dv = dk.clone(), dv.clone()
+        dk[ctx.end:], dv[ctx.end:] = float("nan"), float("nan")
+        return dk, dv, None
+
+
+def _flash_like_kernel(q, k, v, cu_q, cu_k, *args):
+    k, v = _UnwrittenRows.apply(k, v, cu_k)
+    return va.reference_kernel(q, k, v, cu_q, cu_k, *args)
+
+
+FLASH_LIKE = va.register("agentrl_varlen_unwritten_rows", _flash_like_kernel)
+
+
+def _model(name="tiny-qwen3", attention=REFERENCE):
     model, _ = load_model(name)
-    model.set_attn_implementation(REFERENCE)
+    model.set_attn_implementation(attention)
     return model
 
 
@@ -90,10 +114,14 @@ def test_bucketed_layouts_pad_with_segments_of_their_own_and_empty_ones():
     assert tree.kv_index.numel() == plan.grid(tree.kv_index.numel())
 
 
+@pytest.mark.parametrize("attention", [REFERENCE, FLASH_LIKE])
 @pytest.mark.parametrize("shared", [False, True])
-def test_bucketed_forward_computes_what_the_plain_padding_does(shared):
-    """Logprobs and every gradient, fp32: the padding's own segments and the empty ones change no real token."""
-    model = _model()
+def test_bucketed_forward_computes_what_the_plain_padding_does(shared, attention):
+    """Logprobs and every gradient, fp32: the padding's own segments and the empty ones change no real token. Also
+    under a kernel that leaves the gradient of keys no segment reads unwritten, as flash attention does: a
+    prefix-shared row's gathered keys padded to the bucket are such keys, and their gradient must not reach the
+    token they point at (it made every gradient NaN in a GPU run, 2026-12-02)."""
+    model = _model(attention=attention)
     samples = _groups() if shared else train_samples(model.config.vocab_size, [13, 9, 21, 4, 17, 11, 2, 30])
     batch = pack_shared(samples, row_tokens=64) if shared else pack_samples(samples, row_tokens=40)
     forward = shared_token_logprobs if shared else packed_token_logprobs

@@ -1,7 +1,7 @@
 """The trainer's flat forward and backward replayed from CUDA graphs (`agentrl.train.flat_graphs`) on the GPU, with
 the compiled layers and flash varlen attention of the default: replays train to the weights the same padded
-micro-batches give eagerly, and the bucketed padding (its own segments, empty ones) to the unpadded trainer's
-within bf16 rounding. Runs where CUDA and flash attention are; the CPU versions are tests/train/test_flat_graphs.py.
+micro-batches give eagerly, and the bucketed padding (its own segments, empty ones, gathered keys no segment reads)
+to the unpadded trainer's within bf16 rounding, with the allocator's free memory full of NaN. Runs where CUDA and flash attention are; the CPU versions are tests/train/test_flat_graphs.py.
 """
 
 import pytest
@@ -27,8 +27,17 @@ def _batches(vocab):
     return [_groups(vocab, seed=0), plain, _groups(vocab, seed=0), plain, _groups(vocab, seed=1), plain]
 
 
+def _poison_free_memory():
+    """Free blocks of the caching allocator full of NaN, large and small: a kernel that leaves part of an output
+    unwritten (flash attention's backward on keys no segment reads) then shows NaN instead of stale finite values."""
+    blocks = [torch.full((64 << 20,), float("nan"), dtype=torch.bfloat16, device="cuda")]
+    blocks += [torch.full((1 << 17,), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(256)]
+    del blocks
+
+
 def _train(capture, graphs=True):
     torch.manual_seed(0)
+    _poison_free_memory()
     model = load_model("tiny-qwen3", dtype=torch.bfloat16, device="cuda")[0]
     model.set_attn_implementation(va.register())
     model.train()
@@ -50,7 +59,8 @@ def test_replays_train_to_the_eager_weights_and_the_buckets_to_the_unpadded_ones
     assert losses == eager_losses
     for a, b in zip(graphed.parameters(), eager.parameters()):
         assert torch.equal(a, b)
-    # Against no bucketing at all: bf16 rounding of GEMMs over more rows, not a different computation.
+    # Against no bucketing at all: bf16 rounding of GEMMs over more rows, not a different computation. Buckets pad a
+    # prefix-shared row's gathered keys with entries no segment reads (their gradient must be dropped, not summed).
     plain, _, plain_losses = _train(None, graphs=False)
     for got, want in zip(losses, plain_losses):
         assert abs(got - want) <= 1e-2 * max(1.0, abs(want)), (losses, plain_losses)
