@@ -25,6 +25,11 @@ class EngineConfig:
       zero-sync design intends (the version tags and behaviour logprobs record what was sampled);
     - "recompute": live sequences are re-prefilled under the new weights and the prefix cache is emptied,
       so every token after the bump is exactly on-policy, at the cost of one prefill of all live context.
+    `prefix_cache_max_age` bounds "keep" for the prefix cache: a cached page registered more than this many
+    versions ago is not reused but computed again (`kv_pool`). None: reused for ever, so a prompt every rollout
+    shares keeps the KV of the weights that first computed it for the whole run. 8: above the staleness of the
+    rollouts a run keeps in flight (4 versions at most in the runs of BENCHMARKS.md), so the history a resubmitted
+    turn extends is still served; a shared prompt is then computed about once in 8 steps.
 
     `attention_backend`: "auto" takes the Triton kernels on CUDA (when triton imports and `page_size` is a
     power of two) and the torch reference elsewhere; "torch" / "triton" force one.
@@ -68,6 +73,7 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] | None = None
     seed: int = 0
     kv_on_update: Literal["keep", "recompute"] = "keep"
+    prefix_cache_max_age: int | None = 8
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     cuda_graphs: bool = True
     mixed_step_graphs: bool = True
@@ -81,6 +87,8 @@ class EngineConfig:
         for name in ("page_size", "max_num_seqs", "max_tokens_per_step", "cpu_kv_memory_bytes"):
             require(getattr(self, name) >= 1, f"engine.{name}", "must be >= 1")
         require(self.state_snapshots is None or self.state_snapshots >= 0, "engine.state_snapshots", "must be >= 0")
+        require(self.prefix_cache_max_age is None or self.prefix_cache_max_age >= 0, "engine.prefix_cache_max_age",
+                "must be >= 0 (or none for no bound)")
         for name in ("num_pages", "kv_memory_bytes", "max_model_len"):
             require(getattr(self, name) is None or getattr(self, name) >= 1, f"engine.{name}", "must be >= 1")
         require(0 < self.gpu_memory_fraction <= 1, "engine.gpu_memory_fraction", "must be in (0, 1]")

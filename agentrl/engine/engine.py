@@ -114,7 +114,7 @@ class Engine(BackgroundMode):
             # from, hybrid models recompute their prompts.
             config = self.config = replace(config, enable_prefix_cache=False)
         self.max_model_len = resolve_max_model_len(config, geo.max_position_embeddings, num_pages * config.page_size)
-        self.pool = PagePool(num_pages, config.page_size, config.enable_prefix_cache)
+        self.pool = PagePool(num_pages, config.page_size, config.enable_prefix_cache, config.prefix_cache_max_age)
         self.snapshots = StateSnapshots(self.linear, num_snapshots) if config.enable_prefix_cache and \
             self.linear is not None else None
         if self.snapshots is not None:
@@ -432,7 +432,7 @@ class Engine(BackgroundMode):
 
     def bump_version(self, version: int | None = None) -> int:
         with self._lock.outside():
-            self.policy_version = self.policy_version + 1 if version is None else int(version)
+            self.policy_version = self.pool.version = self.policy_version + 1 if version is None else int(version)
             if self.config.kv_on_update == "recompute":
                 self._recompute_pending = True
             return self.policy_version
@@ -486,6 +486,7 @@ class Engine(BackgroundMode):
             st.preemptions = self.scheduler.preemptions
             st.cached_tokens = self.scheduler.prefix_hit_tokens
             st.free_pages, st.cached_pages = self.pool.num_free, self.pool.num_cached
+            st.stale_pages = self.pool.stale_pages
             st.graph_captures = sum(g.captures for g in (self.graphs, self.mixed_graphs) if g is not None)
             if self.snapshots is not None:
                 snaps = self.snapshots

@@ -14,6 +14,13 @@ the collector never tracks, and at 128 bits a collision needs ~2^64 pages.
 
 Only full pages are ever shared, and a full page is never written again, so sharing needs no copy-on-write.
 
+KV is a function of the weights as well as of the tokens. The weights change under the cache (the engine decodes
+from the parameters the trainer updates), so with `max_age` a registered page carries the policy `version` current
+when it was registered, and a match stops at a page more than `max_age` versions older than the current one: that
+page is no longer advertised (freed if nobody holds it) and the prefix is computed again under today's weights.
+Without the bound, a prompt every rollout shares (a system prompt, worked examples) is computed once, at version 0,
+and every later rollout is sampled on that KV however far the weights have moved.
+
 `on_forget(page)`, if set, is called whenever the pool stops vouching for a page's content: an unregistered
 page freed, a registered one evicted or unregistered, or a page left private because its key is taken. Whatever
 is attached to a page's content (hybrid models' state snapshots) goes with it.
@@ -41,7 +48,7 @@ def chain_keys(token_ids: Sequence[int], page_size: int, start_key: bytes | None
 
 
 class PagePool:
-    def __init__(self, num_pages: int, page_size: int, enable_prefix_cache: bool = True):
+    def __init__(self, num_pages: int, page_size: int, enable_prefix_cache: bool = True, max_age: int | None = None):
         self.num_pages = num_pages
         self.page_size = page_size
         self.enable_prefix_cache = enable_prefix_cache
@@ -50,7 +57,11 @@ class PagePool:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # registered, unreferenced; oldest first
         self._key_of: dict[int, bytes] = {}  # page -> key
         self._page_of: dict[bytes, int] = {}  # key -> page
+        self._version_of: dict[int, int] = {}  # registered page -> the policy version it was registered at
+        self.version = 0  # the policy version now (the engine's `bump_version` sets it)
+        self.max_age = max_age  # versions a registered page stays reusable; None: for ever
         self.evictions = 0
+        self.stale_pages = 0  # registered pages retired by `max_age`
         self.on_forget = None
 
     # -- capacity -------------------------------------------------------------------------------------
@@ -106,6 +117,9 @@ class PagePool:
             page = self._page_of.get(key)
             if page is None:
                 break
+            if self.max_age is not None and self._version_of[page] < self.version - self.max_age:
+                self._retire(page)
+                break
             if self.refs[page] == 0:
                 del self._evictable[page]
             self.refs[page] += 1
@@ -121,6 +135,7 @@ class PagePool:
             return False
         self._page_of[key] = page
         self._key_of[page] = key
+        self._version_of[page] = self.version
         return True
 
     def clear_cache(self) -> None:
@@ -139,8 +154,18 @@ class PagePool:
             self._unregister(page)
             self._free.append(page)
 
+    def _retire(self, page: int) -> None:
+        """A registered page too old to reuse: no longer advertised; free now unless a sequence holds it (its
+        holder keeps using it, and frees it at release as a private page)."""
+        if self.refs[page] == 0:
+            del self._evictable[page]
+            self._free.append(page)
+        self._unregister(page)
+        self.stale_pages += 1
+
     def _unregister(self, page: int) -> None:
         del self._page_of[self._key_of.pop(page)]
+        del self._version_of[page]
         self._forget(page)
 
     def _forget(self, page: int) -> None:
@@ -158,4 +183,5 @@ class PagePool:
             assert r >= 0
             assert (p in free) + (p in evict) + (r > 0) == 1, (p, r)
         assert all(self._page_of[k] == p for p, k in self._key_of.items())
+        assert self._version_of.keys() == self._key_of.keys()
         assert evict <= set(self._key_of)

@@ -20,6 +20,7 @@ class EngineStats:
     free_pages: int = 0
     total_pages: int = 0
     cached_pages: int = 0
+    stale_pages: int = 0  # cached pages not reused for their age (`EngineConfig.prefix_cache_max_age`), computed again
     kv_releases: int = 0
     kv_released_bytes: int = 0  # live KV copied out at the last release
     graph_steps: int = 0  # decode steps replayed from a CUDA graph

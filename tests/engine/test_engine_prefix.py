@@ -7,7 +7,7 @@ import torch
 from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.engine.kv_pool import PagePool, chain_keys
 from agentrl.models import load_model
-from tests.helpers import hf_greedy, random_prompts
+from tests.helpers import hf_greedy, perturb_, random_prompts, recomputed_logits
 
 GREEDY = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
 
@@ -40,6 +40,62 @@ def test_page_pool_refcounts_and_lru_eviction():
     pool.drop_unreferenced()
     assert pool.num_cached == 0 and pool.match(keys) == []
     pool.check()
+
+
+def test_cached_pages_older_than_max_age_are_not_reused():
+    pool = PagePool(num_pages=6, page_size=2, max_age=2)
+    keys = chain_keys([1, 2, 3, 4, 5, 6], 2)
+    a = pool.allocate(3)
+    assert all(pool.register(page, key) for page, key in zip(a, keys))  # at version 0
+    pool.release(a)
+    pool.version = 2
+    assert pool.match(keys) == a  # two versions old: still served
+    pool.release(a)
+    pool.version = 3
+    assert pool.match(keys) == [] and pool.stale_pages == 1  # three: the first page is retired, nothing matches
+    assert pool.num_cached == 2 and pool.num_free == 6
+    pool.check()
+    fresh = pool.allocate(1)
+    assert pool.register(fresh[0], keys[0])  # the key is free for the page computed again
+    # A retired page that a sequence holds stays with its holder, unadvertised, and is freed at its release.
+    pool.version = 6
+    assert pool.match(keys[:1]) == [] and pool.refs[fresh[0]] == 1 and pool.stale_pages == 2
+    pool.release(fresh)
+    pool.check()
+    assert pool.num_free == 6 and keys[0] not in pool._page_of
+    unbounded = PagePool(num_pages=2, page_size=2)
+    page = unbounded.allocate(1)
+    unbounded.register(page[0], keys[0])
+    unbounded.release(page)
+    unbounded.version = 1000
+    assert unbounded.match(keys[:1]) == page
+
+
+@pytest.mark.parametrize("max_age", [None, 1])
+def test_a_shared_prompt_is_computed_again_under_new_weights_past_max_age(max_age):
+    """A system prompt cached at version 0 serves a rollout at version 1 (within the age) and, past the age, is
+    computed again: that rollout's logprobs are the current weights' over the whole context. Without the bound it
+    is still sampled over version 0's KV."""
+    model = load_model("tiny-qwen3")[0]
+    params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
+    engine = Engine(model, EngineConfig(num_pages=64, page_size=16, prefix_cache_max_age=max_age))
+    system = random_prompts(1, 40, 41, seed=7)[0]
+    engine.generate([system + [9, 9]], params)
+    with engine.pause():
+        perturb_(model, seed=1)
+        engine.bump_version()
+    assert engine.generate([system + [5, 6]], params)[0].cached_tokens == 32  # one version old
+    with engine.pause():
+        perturb_(model, seed=2)
+        engine.bump_version()
+    out = engine.generate([system + [7, 8]], params)[0]
+    fresh = recomputed_logits(model, out).log_softmax(-1).gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
+    error = (torch.tensor(out.logprobs) - fresh).abs().max().item()
+    if max_age is None:
+        assert out.cached_tokens == 32 and error > 1e-2  # version 0's KV under version 2's weights
+    else:
+        assert out.cached_tokens == 0 and engine.stats.stale_pages == 1 and error < 1e-4
+    engine.pool.check()
 
 
 def test_page_keys_chain_the_whole_prefix():
