@@ -4,8 +4,9 @@ The GPU test `test_packed_logprobs_equal_per_sample_in_fp32` asks the packed hid
 the packed conv) to equal the per-sample ones within 1e-5; on the H200 they differed by 3.3e-4 (BENCHMARKS.md,
 hybrid). This prints, layer by layer, the largest |packed - alone| of each token mixer's output and of each
 layer's output, and the scale of the outputs, on the test's own lengths: the first mixer whose output differs while
-its layer's input still agrees is the culprit. `--tf32` runs Triton's fp32 dots as tf32 (the env var is read when
-Triton starts, so the script re-runs itself), to tell an fp32 precision loss in a kernel from a boundary leak.
+its layer's input still agrees is the culprit. `--tf32` runs Triton's fp32 dots as tf32 (the first compile in a
+process decides, so `--both` re-runs the script), to tell an fp32 precision loss in a kernel from a boundary leak.
+Without it every fp32 dot is IEEE, fla's fused solve included (`linear_varlen.ieee_fp32_kernels`).
 
     python benchmarks/hybrid_packing_layers.py [--model tiny-qwen3.5] [--device cuda] [--both]
 """
@@ -85,8 +86,10 @@ def main():
         return
     if args.tf32:
         os.environ["TRITON_F32_DEFAULT"] = "tf32"
-    else:
-        os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+    elif os.environ.setdefault("TRITON_F32_DEFAULT", "ieee") == "ieee":
+        from agentrl.engine.linear_varlen import ieee_fp32_kernels
+
+        print(f"fla's fused solve in IEEE fp32 too: {ieee_fp32_kernels()}")
     compare(args.model, args.device)
 
 

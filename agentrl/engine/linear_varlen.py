@@ -46,6 +46,28 @@ def varlen_kernels(device: torch.device) -> VarlenKernels | None:
     return VarlenKernels(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule)
 
 
+def ieee_fp32_kernels() -> bool:
+    """fp32 products in IEEE precision in every Triton kernel compiled from now on in this process, fla's included,
+    for comparisons that measure fp32 arithmetic (tests, `benchmarks/hybrid_packing_layers.py`). Triton's `tl.dot`
+    on fp32 inputs defaults to tf32 (`TRITON_F32_DEFAULT` changes that default), and fla 0.6's fused
+    "kkt + solve_tril" kernel of the chunked delta rule asks for tf32 explicitly on sm80 and newer, which the
+    variable does not override: its module constant is set here. Call it before any of those kernels compiles (a
+    kernel compiled already keeps its precision, and Triton refuses a constant changed after a compile). Returns
+    whether fla's constant was set (False without fla)."""
+    import os
+
+    os.environ["TRITON_F32_DEFAULT"] = "ieee"
+    try:
+        import triton.language as tl
+        from fla.ops.gated_delta_rule import chunk_fwd
+    except ImportError:
+        return False
+    if not hasattr(chunk_fwd, "SOLVE_TRIL_DOT_PRECISION"):
+        return False
+    chunk_fwd.SOLVE_TRIL_DOT_PRECISION = tl.constexpr("ieee")
+    return True
+
+
 @dataclass
 class VarlenLayout:
     """Where a step's chunks go for the varlen kernels (host arrays named `lin_*`, uploaded with the step).
