@@ -7,7 +7,8 @@
 # The recipes take any Qwen2.5 GGUF as MODEL: the 1.5B model too (TRAIN_ARGS="--trainer.rows_per_micro_batch=1").
 # HOTPOT_TOTAL_SECONDS / GSM8K_TOTAL_SECONDS bound a whole eval-train-eval instead (learning.sh's TOTAL_SECONDS).
 # SEARCH_BONUS overrides the recipe's hotpotqa_search `search_bonus` in training and in both evals alike; HOP_BONUS
-# sets its `hop_bonus` (a right answer after two different searches pays that much more; off by default) alike.
+# sets its `hop_bonus` (a right answer after two different searches pays that much more; off by default) alike, and
+# FOUND_BONUS its `found_bonus` (search results that hold the gold answer pay that much; off by default).
 # STOP_AFTER_CALL=1 ends each hotpotqa turn at its `</tool_call>` (rollout.stop_after_tool_call, matched as text as
 # well as ids) in training and in both evals: at temperature 1.0 the 0.5B model writes the tool's response itself.
 set -euo pipefail
@@ -18,9 +19,10 @@ OUT=${OUT:-runs/qwen05}
 STOP=""
 [ "${STOP_AFTER_CALL:-0}" = 1 ] && STOP="--rollout.stop_after_tool_call=true"
 HOP=${HOP_BONUS:-0}
+FOUND=${FOUND_BONUS:-0}
 CONFIG=examples/train_hotpotqa_search_qwen05.yaml MODEL=$MODEL OUT=$OUT/hotpotqa TRAIN_SECONDS=${HOTPOT_SECONDS:-240} TOTAL_SECONDS=${HOTPOT_TOTAL_SECONDS:-} \
-  EVAL="--data $DATA/hotpotqa/dev.jsonl --env-arg few_shot=1 --env-arg search_bonus=${SEARCH_BONUS:-0.1} --env-arg hop_bonus=$HOP --limit 738 --max-turns 4 --max-new-tokens 256 --rollouts-in-flight 128 --model.tool_tags=text $STOP" \
-  bash benchmarks/learning.sh --env.data="$DATA/hotpotqa/train.jsonl" --env.args.search_bonus="${SEARCH_BONUS:-0.1}" --env.args.hop_bonus="$HOP" $STOP ${TRAIN_ARGS:-}
+  EVAL="--data $DATA/hotpotqa/dev.jsonl --env-arg few_shot=1 --env-arg search_bonus=${SEARCH_BONUS:-0.1} --env-arg hop_bonus=$HOP --env-arg found_bonus=$FOUND --limit 738 --max-turns 4 --max-new-tokens 256 --rollouts-in-flight 128 --model.tool_tags=text $STOP" \
+  bash benchmarks/learning.sh --env.data="$DATA/hotpotqa/train.jsonl" --env.args.search_bonus="${SEARCH_BONUS:-0.1}" --env.args.hop_bonus="$HOP" --env.args.found_bonus="$FOUND" $STOP ${TRAIN_ARGS:-}
 [ "${GSM8K_SECONDS:-120}" = 0 ] && exit 0
 CONFIG=examples/train_gsm8k_math_qwen05.yaml MODEL=$MODEL OUT=$OUT/gsm8k TRAIN_SECONDS=${GSM8K_SECONDS:-120} TOTAL_SECONDS=${GSM8K_TOTAL_SECONDS:-} \
   EVAL="--data $DATA/gsm8k/train.jsonl --split train --env.data_rows=-500: --limit 500 --max-turns 1 --max-new-tokens 512 --rollouts-in-flight 128" \

@@ -7,9 +7,10 @@ import pytest
 
 import agentrl
 from agentrl.chat import parse_tool_calls
+from agentrl.env.execute import ToolCall
 from agentrl.chat.template import builtin_template, render
-from environments.hotpotqa_search import (EXAMPLES, HotpotQASearchEnv, example_messages, format_reward,
-                                          load_environment)
+from environments.hotpotqa_search import (EXAMPLES, HotpotQASearchEnv, answer_found, example_messages,
+                                          format_reward, load_environment, normalize_answer)
 from environments.hotpotqa_search.corpus import generate_samples
 
 
@@ -224,6 +225,32 @@ def test_hop_bonus_pays_for_a_second_search_only_through_a_right_answer(train, t
     assert "two_hop_f1" not in load_environment().reward_weights  # off by default
     with pytest.raises(ValueError, match="hop_bonus"):
         load_environment(hop_bonus=-1)
+
+
+def test_found_bonus_pays_for_results_that_hold_the_answer_whatever_the_answer(train):
+    env = load_environment(search_bonus=0.1, found_bonus=0.3)
+    assert env.reward_weights["answer_found"] == 0.3
+    sample = next(s for s in train if normalize_answer(s["answer"]) not in ("yes", "no"))
+    episode = env.start(sample)
+    asyncio.run(env.step(episode, _call(sample["answer"])))  # the answer's own words find a paragraph holding it
+    assert normalize_answer(sample["answer"]) in normalize_answer(episode.tool_calls[0].content)
+    asyncio.run(env.step(episode, "<answer>nothing</answer>"))
+    total, parts = env.total_reward(episode)
+    assert parts["answer_found"] == 1.0 and parts["answer_f1"] == 0.0 and total == pytest.approx(0.3)
+    missed = env.start(sample)  # results without the answer: nothing, even for a right answer
+    asyncio.run(env.step(missed, _call("zzzz qqqq")))
+    assert normalize_answer(sample["answer"]) not in normalize_answer(missed.tool_calls[0].content)
+    asyncio.run(env.step(missed, f"<answer>{sample['answer']}</answer>"))
+    total, parts = env.total_reward(missed)
+    assert parts["answer_found"] == 0.0 and total == pytest.approx(1.1)
+    # Whole words only, and never for yes/no answers.
+    for gold, content, expected in (("Tess", "[1] Tessa\nA river.", 0.0), ("Tessa", "[1] Lorin\nOn the Tessa.", 1.0),
+                                    ("yes", "[1] Yes\nyes, yes", 0.0)):
+        episode = agentrl.Episode(sample={"answer": gold}, tool_calls=[ToolCall(0, "search", {}, "ok", content)])
+        assert answer_found(episode) == expected, gold
+    assert "answer_found" not in load_environment().reward_weights  # off by default
+    with pytest.raises(ValueError, match="found_bonus"):
+        load_environment(found_bonus=-1)
 
 
 def test_format_bonus_options():
