@@ -202,6 +202,11 @@ item() {
     # layer by layer, with Triton's fp32 dots as IEEE and as tf32, which mixer's output departs first
     # (03:31 UTC: still compiling fla's fp32 kernels at its 240-s limit: a long limit, first in its call)
     hybrid-fp32-layers) TAIL=80 run "$1" 540 python3 benchmarks/hybrid_packing_layers.py --both ;;
+    # The fixes of 2026-12-02 05:40-06:00 UTC, first on a GPU: the trainer's buckets against the unpadded trainer with
+    # free memory full of NaN (the unread gathered keys' gradients, 9d2bb69: every gradient NaN in a 1.5B run), and
+    # the fp32 packed hybrid comparison with fla's fused solve in IEEE products too (e71f124; 3.3e-4 before, goal 1e-5)
+    fixes-check) TAIL=14 run "$1" 330 python3 -m pytest -m gpu tests/train/test_flat_graphs_gpu.py \
+        tests/train/test_hybrid_gpu.py -k "replays or fp32" -q -rA --tb=short -p no:cacheprovider -p no:warnings ;;
     # #16: where the Qwen3-0.6B default's step goes, by kind of kernel (attention, GEMMs, inductor's fused kernels,
     # the optimizer): what stands between 42.9% MFU and 50% (flash's varlen attention runs at 166-183 TFLOP/s)
     qwen-profile) TAIL=40 run "$1" 200 python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
@@ -234,7 +239,7 @@ item() {
   esac
 }
 items=("$@")
-[ ${#items[@]} -eq 0 ] && items=(qwen-gaps smollm2-mfu hybrid-tests hybrid-compile)  # hybrid-fp32-layers: a call of its own
+[ ${#items[@]} -eq 0 ] && items=(fixes-check qwen-gaps smollm2-mfu hybrid-tests)  # hybrid-fp32-layers: a call of its own
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4
