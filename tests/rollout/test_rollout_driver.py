@@ -123,7 +123,10 @@ def run():
     model, tok = load_model("tiny-qwen3")
     policy = ScriptedPolicy(model, script, margin=MARGIN)
     fmt = ChatFormat(tok, env.tools())
-    engine = Engine(policy, EngineConfig(num_pages=4096, page_size=PAGE, eos_token_ids=tuple(fmt.eos_token_ids)))
+    # A version per finished group (below) makes a rollout live through dozens of versions, where a run's live
+    # through a few; without the age bound its history stays cached throughout (the bound: test_engine_prefix.py).
+    engine = Engine(policy, EngineConfig(num_pages=4096, page_size=PAGE, eos_token_ids=tuple(fmt.eos_token_ids),
+                                         prefix_cache_max_age=None))
     prompts = PromptIterator(samples, shuffle=False, max_epochs=1)
     config = RolloutConfig(group_size=1, rollouts_in_flight=IN_FLIGHT, temperature=0.0, max_turns=6, max_new_tokens=256)
     driver = RolloutDriver(env, engine, fmt, prompts, config)
