@@ -27,9 +27,9 @@ class EngineConfig:
       so every token after the bump is exactly on-policy, at the cost of one prefill of all live context.
     `prefix_cache_max_age` bounds "keep" for the prefix cache: a cached page registered more than this many
     versions ago is not reused but computed again (`kv_pool`). None: reused for ever, so a prompt every rollout
-    shares keeps the KV of the weights that first computed it for the whole run. 8: above the staleness of the
-    rollouts a run keeps in flight (4 versions at most in the runs of BENCHMARKS.md), so the history a resubmitted
-    turn extends is still served; a shared prompt is then computed about once in 8 steps.
+    shares keeps the KV of the weights that first computed it for the whole run. 8: above the staleness of every
+    token a measured run trained on (BENCHMARKS.md, learning), so the history a resubmitted turn extends is still
+    served; a shared prompt is then computed about once in 8 steps.
 
     `attention_backend`: "auto" takes the Triton kernels on CUDA (when triton imports and `page_size` is a
     power of two) and the torch reference elsewhere; "torch" / "triton" force one.
