@@ -61,6 +61,10 @@ python3 -m agentrl.cli plot "$RUN" --out "$OUT/curves.png" || true
     "$(python3 -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU")')"
   printf '## Held-out, before → after (95%% paired bootstrap intervals)\n\n```\n%s\n```\n\n' "$(cat "$OUT/compare.txt")"
   python3 benchmarks/summarize_run.py "$RUN" --eval "$OUT/before.json" --eval "$OUT/after.json"
+  if [ "$ENV_NAME" = hotpotqa_search ]; then
+    printf '\n## Where the held-out F1 is (benchmarks/eval_breakdown.py)\n\n'
+    python3 benchmarks/eval_breakdown.py "$OUT/before.jsonl" "$OUT/after.jsonl"
+  fi
 } > "$OUT/summary.md"
 cp "$RUN/metrics.jsonl" "$OUT/metrics.jsonl" 2>/dev/null || true
 cat "$OUT/summary.md"

@@ -100,8 +100,8 @@ item() {
     # finished its steps in part 1), and the cosine schedule spans the steps: 1,600 for ≈ 25 minutes
     # The script's own bound follows BUDGET, 20 s inside it: a last part shorter than a call still ends with its
     # after-eval instead of being cut off by the call's limit.
-    # 2026-12-02 (05:18-05:35 UTC): 800 s with HOP_BONUS=0.5 gave the same held-out +0.028 as 150 s, and 58% of the
-    # held-out rollouts never retrieved the answer (F1 0.11 there, 0.45 where they did). FOUND_BONUS pays for results
+    # 2026-12-02 (05:18-05:35 UTC): 800 s with HOP_BONUS=0.5 gave the same held-out +0.028 as 150 s, and 57% of the
+    # held-out rollouts never retrieved the answer (F1 0.07 there, 0.47 where they did). FOUND_BONUS pays for results
     # that hold the answer: a gradient in the groups whose answers all score alike (39% of the samples of that run).
     # Run `graphs-tests` first: this item trains on the default path, whose NaN gradients 9d2bb69 fixed on the CPU
     learning-1.5b-part) p=${PART:-1}; TAIL=30 run "$1" 590 env MODEL="${MODEL15:?MODEL15=path/to/qwen2.5-coder-1.5b.gguf}" \

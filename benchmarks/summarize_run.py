@@ -16,7 +16,8 @@ from pathlib import Path
 from agentrl.train.plot import read_metrics
 
 CURVES = ["rollout/reward", "rollout/tool_call_rate", "rollout/tool_error_rate", "rollout/answer_f1",
-          "rollout/mean_turns", "loss/entropy_mean", "loss/kl_behaviour_current", "loss/staleness_mean"]
+          "rollout/search_calls", "rollout/two_hop_f1", "rollout/answer_found", "rollout/mean_turns",
+          "loss/entropy_mean", "loss/kl_behaviour_current", "loss/staleness_mean"]  # a row where the run logged it
 SPEED = ["seconds", "wait_seconds", "train_seconds", "pack_seconds", "trained_tokens_per_s", "generated_tokens_per_s",
          "engine_idle_share", "engine_paused_share", "engine_lock_wait_seconds", "graph_capture_wait_seconds"]
 EVAL = ["n", "tool_call_rate", "tool_calls_per_rollout", "tool_error_rate", "answer_f1", "answer_em", "accuracy",

@@ -105,7 +105,7 @@ def two_hop_f1(episode: Episode, f1: float) -> float:
 def answer_found(episode: Episode) -> float:
     """1.0 if a delivered search result holds the gold answer (normalized as F1 normalizes it, matched as whole words),
     else 0.0; 0.0 for yes/no answers, which no paragraph states. A reward for retrieval, the step before answering:
-    most held-out rollouts of a trained 1.5B model never saw the answer, and those that did scored four times the
+    most held-out rollouts of a trained 1.5B model never saw the answer, and those that did scored several times the
     F1 (BENCHMARKS.md, learning). It pays only for finding the answer, so searching cannot rise on its own, and it
     gives a gradient in groups whose answers all score 0 but whose searches differ. `found_bonus` is its weight."""
     gold = normalize_answer(str(episode.sample.get("answer", "")))
