@@ -22,9 +22,13 @@ TRAIN_SECONDS=${TRAIN_SECONDS:-240}
 ENV_NAME=$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['env']['name'])" "$CONFIG")
 MODEL=${MODEL:-$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['model']['name'])" "$CONFIG")}
 mkdir -p "$OUT"
-# shellcheck disable=SC2086  # EVAL is a list of flags
-evaluate() {  # $1 model, $2 name: the per-question JSONL and the summary line
+# SEEN_EVAL (optional): eval flags for questions the run trains on, evaluated before and after as EVAL is (seen_before,
+# seen_after): a rise there far above the held-out one says the run learned its questions rather than the skill.
+# shellcheck disable=SC2086  # EVAL and SEEN_EVAL are lists of flags
+evaluate() {  # $1 model, $2 name: the per-question JSONL and the summary line, for EVAL and SEEN_EVAL alike
   python3 -m agentrl.cli eval "$ENV_NAME" --model "$1" $EVAL --out "$OUT/$2.jsonl" | tee "$OUT/$2.json"
+  [ -z "${SEEN_EVAL:-}" ] || python3 -m agentrl.cli eval "$ENV_NAME" --model "$1" $SEEN_EVAL --out "$OUT/seen_$2.jsonl" \
+    | tee "$OUT/seen_$2.json"
 }
 started=$(date +%s)
 [ "${SKIP_BEFORE:-0}" = 1 ] || evaluate "$MODEL" before
@@ -48,6 +52,8 @@ timeout $(( TRAIN_SECONDS + 180 )) python3 -m agentrl.cli train "$ENV_NAME" --co
 [ "${SKIP_AFTER:-0}" = 1 ] && exit 0
 evaluate "$RUN/final" after
 python3 -m agentrl.cli eval --compare "$OUT/before.jsonl" "$OUT/after.jsonl" | tee "$OUT/compare.txt"
+[ -f "$OUT/seen_before.jsonl" ] && [ -f "$OUT/seen_after.jsonl" ] && python3 -m agentrl.cli eval --compare \
+  "$OUT/seen_before.jsonl" "$OUT/seen_after.jsonl" | tee "$OUT/seen_compare.txt"
 python3 -m agentrl.cli plot "$RUN" --out "$OUT/curves.png" || true
 {
   printf '# %s on %s\n\n' "$(basename "$MODEL")" "$ENV_NAME"
@@ -60,6 +66,8 @@ python3 -m agentrl.cli plot "$RUN" --out "$OUT/curves.png" || true
     "$(date -u '+%F %H:%M UTC')" \
     "$(python3 -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU")')"
   printf '## Held-out, before → after (95%% paired bootstrap intervals)\n\n```\n%s\n```\n\n' "$(cat "$OUT/compare.txt")"
+  [ -f "$OUT/seen_compare.txt" ] && printf '## Questions it trains on (SEEN_EVAL), before → after\n\n```\n%s\n```\n\n' \
+    "$(cat "$OUT/seen_compare.txt")"
   python3 benchmarks/summarize_run.py "$RUN" --eval "$OUT/before.json" --eval "$OUT/after.json"
   if [ "$ENV_NAME" = hotpotqa_search ]; then
     printf '\n## Where the held-out F1 is (benchmarks/eval_breakdown.py)\n\n'

@@ -20,8 +20,11 @@ STOP=""
 [ "${STOP_AFTER_CALL:-0}" = 1 ] && STOP="--rollout.stop_after_tool_call=true"
 HOP=${HOP_BONUS:-0}
 FOUND=${FOUND_BONUS:-0}
+HOTPOT_EVAL="--env-arg few_shot=1 --env-arg search_bonus=${SEARCH_BONUS:-0.1} --env-arg hop_bonus=$HOP --env-arg found_bonus=$FOUND --max-turns 4 --max-new-tokens 256 --rollouts-in-flight 128 --model.tool_tags=text $STOP"
+# Held out: all of dev. Seen: the 320 training questions, the same way (learning.sh's SEEN_EVAL), to tell questions
+# learned from a skill learned.
 CONFIG=examples/train_hotpotqa_search_qwen05.yaml MODEL=$MODEL OUT=$OUT/hotpotqa TRAIN_SECONDS=${HOTPOT_SECONDS:-240} TOTAL_SECONDS=${HOTPOT_TOTAL_SECONDS:-} \
-  EVAL="--data $DATA/hotpotqa/dev.jsonl --env-arg few_shot=1 --env-arg search_bonus=${SEARCH_BONUS:-0.1} --env-arg hop_bonus=$HOP --env-arg found_bonus=$FOUND --limit 738 --max-turns 4 --max-new-tokens 256 --rollouts-in-flight 128 --model.tool_tags=text $STOP" \
+  EVAL="--data $DATA/hotpotqa/dev.jsonl --limit 738 $HOTPOT_EVAL" SEEN_EVAL="--data $DATA/hotpotqa/train.jsonl --limit 320 $HOTPOT_EVAL" \
   bash benchmarks/learning.sh --env.data="$DATA/hotpotqa/train.jsonl" --env.args.search_bonus="${SEARCH_BONUS:-0.1}" --env.args.hop_bonus="$HOP" --env.args.found_bonus="$FOUND" $STOP ${TRAIN_ARGS:-}
 [ "${GSM8K_SECONDS:-120}" = 0 ] && exit 0
 CONFIG=examples/train_gsm8k_math_qwen05.yaml MODEL=$MODEL OUT=$OUT/gsm8k TRAIN_SECONDS=${GSM8K_SECONDS:-120} TOTAL_SECONDS=${GSM8K_TOTAL_SECONDS:-} \
