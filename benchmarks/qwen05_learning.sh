@@ -9,6 +9,8 @@
 # SEARCH_BONUS overrides the recipe's hotpotqa_search `search_bonus` in training and in both evals alike; HOP_BONUS
 # sets its `hop_bonus` (a right answer after two different searches pays that much more; off by default) alike, and
 # FOUND_BONUS its `found_bonus` (search results that hold the gold answer pay that much; off by default).
+# GENERATED=N adds N generated two-hop questions (invented worlds) to the hotpotqa training set (`generated_questions`;
+# training only, the evals read dev and the training file alone).
 # STOP_AFTER_CALL=1 ends each hotpotqa turn at its `</tool_call>` (rollout.stop_after_tool_call, matched as text as
 # well as ids) in training and in both evals: at temperature 1.0 the 0.5B model writes the tool's response itself.
 set -euo pipefail
@@ -25,7 +27,7 @@ HOTPOT_EVAL="--env-arg few_shot=1 --env-arg search_bonus=${SEARCH_BONUS:-0.1} --
 # learned from a skill learned.
 CONFIG=examples/train_hotpotqa_search_qwen05.yaml MODEL=$MODEL OUT=$OUT/hotpotqa TRAIN_SECONDS=${HOTPOT_SECONDS:-240} TOTAL_SECONDS=${HOTPOT_TOTAL_SECONDS:-} \
   EVAL="--data $DATA/hotpotqa/dev.jsonl --limit 738 $HOTPOT_EVAL" SEEN_EVAL="--data $DATA/hotpotqa/train.jsonl --limit 320 $HOTPOT_EVAL" \
-  bash benchmarks/learning.sh --env.data="$DATA/hotpotqa/train.jsonl" --env.args.search_bonus="${SEARCH_BONUS:-0.1}" --env.args.hop_bonus="$HOP" --env.args.found_bonus="$FOUND" $STOP ${TRAIN_ARGS:-}
+  bash benchmarks/learning.sh --env.data="$DATA/hotpotqa/train.jsonl" --env.args.search_bonus="${SEARCH_BONUS:-0.1}" --env.args.hop_bonus="$HOP" --env.args.found_bonus="$FOUND" --env.args.generated_questions="${GENERATED:-0}" $STOP ${TRAIN_ARGS:-}
 [ "${GSM8K_SECONDS:-120}" = 0 ] && exit 0
 CONFIG=examples/train_gsm8k_math_qwen05.yaml MODEL=$MODEL OUT=$OUT/gsm8k TRAIN_SECONDS=${GSM8K_SECONDS:-120} TOTAL_SECONDS=${GSM8K_TOTAL_SECONDS:-} \
   EVAL="--data $DATA/gsm8k/train.jsonl --split train --env.data_rows=-500: --limit 500 --max-turns 1 --max-new-tokens 512 --rollouts-in-flight 128" \

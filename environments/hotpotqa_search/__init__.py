@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 from agentrl import Environment, Episode, tool
+from environments.hotpotqa_search.corpus import generate_samples
 from environments.hotpotqa_search.data import load_samples, split_index
 from environments.hotpotqa_search.metrics import answer_em, answer_f1, extract_answer, has_answer_tag, normalize_answer
 from environments.hotpotqa_search.search import SearchIndex, paragraphs_from_samples
@@ -141,13 +142,18 @@ class HotpotQASearchEnv(Environment):
     # Weight of `answer_found` (1.0 when the search results held the gold answer). 0.0 by default; kept below the
     # answer's own weight by the recipes that use it, so a right answer still pays more than finding it.
     found_bonus: float = 0.0
+    # Generated two-hop questions (the built-in corpus: invented entities, so only searching answers them) added to a
+    # training split read from a file: fresh questions beside a small real set, which a long run otherwise draws again
+    # and again. Each invented world has its own index, so a real question's searches never meet invented paragraphs.
+    # Never added to another split (evals read "dev"). 0 by default.
+    generated_questions: int = 0
 
     def __init__(self, path: str | None = None, split: str = "train", limit: int | None = None, seed: int = 0,
                  top_k: int = 3, max_paragraph_chars: int = 500, **kwargs):
         super().__init__(**kwargs)
         if not 0 <= self.few_shot <= len(EXAMPLES):
             raise ValueError(f"few_shot must be between 0 and {len(EXAMPLES)}, got {self.few_shot}")
-        for name in ("search_bonus", "format_bonus", "hop_bonus", "found_bonus"):
+        for name in ("search_bonus", "format_bonus", "hop_bonus", "found_bonus", "generated_questions"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         self.reward_weights = dict(type(self).reward_weights)
@@ -190,7 +196,26 @@ class HotpotQASearchEnv(Environment):
             self._indexes[key] = index
         for sample in samples:
             self._index_of_sample[_sample_key(sample)] = index
+        if self.generated_questions and split == "train" and path is not None:
+            samples = samples + self._generated(int(self.generated_questions))
         return samples if limit is None else samples[:limit]
+
+    def _generated(self, n: int) -> list[dict]:
+        """`n` generated training questions from as many invented worlds as it takes, each world searched through an
+        index of its own paragraphs. The worlds' seeds are apart from the built-in set's (0 and the run's seed)."""
+        out, world = [], 0
+        while len(out) < n:
+            seed = _GENERATED_SEEDS + 1000 * self.seed + world
+            samples = generate_samples(seed=seed, split="train", num_questions=n - len(out), dev_fraction=0.0)
+            key = ("generated", seed, self.max_paragraph_chars)
+            index = self._indexes.get(key)
+            if index is None:
+                index = self._indexes[key] = SearchIndex(paragraphs_from_samples(samples), self.max_paragraph_chars)
+            for sample in samples:
+                self._index_of_sample[_sample_key(sample)] = index
+            out += samples
+            world += 1
+        return out
 
     def index_for(self, sample: dict) -> SearchIndex:
         """The index a sample's searches run against: its split's, or (for a sample that was not loaded
@@ -253,6 +278,9 @@ def predicted_answer(episode: Episode) -> str:
     turns = episode.messages[episode.num_prompt_messages:]  # the worked examples' answers are not the episode's
     last = next((m.get("content") or "" for m in reversed(turns) if m.get("role") == "assistant"), "")
     return extract_answer(last) if has_answer_tag(last) else ""
+
+
+_GENERATED_SEEDS = 100_000  # the first invented world's seed for `generated_questions`
 
 
 def _sample_key(sample: dict) -> str:

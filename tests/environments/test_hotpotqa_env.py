@@ -317,6 +317,30 @@ def test_local_file_and_folder(shared_data, tmp_path):
         load_environment(path=str(tmp_path)).load_dataset(split="dev")
 
 
+def test_generated_questions_join_a_training_file_with_worlds_of_their_own(tmp_path):
+    rows = [{"_id": f"r{i}", "question": f"Where is Real Town {i}?", "answer": "Eastland",
+             "context": [[f"Real Town {i}", [f"Real Town {i} is a town in Eastland."]]]} for i in range(3)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = load_environment(path=str(tmp_path / "train.jsonl"), generated_questions=700)
+    samples = env.load_dataset(split="train")
+    real, generated = samples[:3], samples[3:]
+    assert [s["id"] for s in real] == ["r0", "r1", "r2"] and len(generated) == 700
+    assert len({s["id"] for s in generated}) == 700 and len({s["id"].split("-")[0] for s in generated}) == 2  # 2 worlds
+    assert env.load_dataset(split="train") == samples  # the same questions every time
+    # A generated question's searches read its own world (its gold paragraph comes back), a real one's never do.
+    question = generated[0]
+    title = question["supporting_facts"][0][0]
+    assert f"] {title}\n" in env.search(title, env.start(question))
+    assert "Real Town" not in env.search(title, env.start(question))
+    assert all(f"] {p[0]}\n" not in env.search(title, env.start(real[0])) for p in question["context"])
+    # Other splits (evals) and the built-in set get none; no negative counts.
+    assert len(env.load_dataset(split="dev", path=str(tmp_path / "train.jsonl"))) == 3
+    assert len(load_environment(generated_questions=50).load_dataset(split="train")) == \
+        len(load_environment().load_dataset(split="train"))
+    with pytest.raises(ValueError, match="generated_questions"):
+        load_environment(generated_questions=-1)
+
+
 def test_plain_json_file(tmp_path):
     rows = [{"_id": "a1", "question": "Q?", "answer": "A", "context": [["T", ["s1", "s2"]]]}]
     (tmp_path / "d.json").write_text(json.dumps(rows))
