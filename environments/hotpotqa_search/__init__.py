@@ -207,7 +207,7 @@ class HotpotQASearchEnv(Environment):
         while len(out) < n:
             seed = _GENERATED_SEEDS + 1000 * self.seed + world
             samples = generate_samples(seed=seed, split="train", num_questions=n - len(out), dev_fraction=0.0)
-            key = ("generated", seed, self.max_paragraph_chars)
+            key = ("generated", seed, len(samples), self.max_paragraph_chars)  # the paragraphs of these questions
             index = self._indexes.get(key)
             if index is None:
                 index = self._indexes[key] = SearchIndex(paragraphs_from_samples(samples), self.max_paragraph_chars)
