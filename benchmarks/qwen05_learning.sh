@@ -3,10 +3,11 @@
 # and gsm8k_math (held out: the last 500 rows of the shared GSM8K train file, which its recipe never trains on),
 # each through benchmarks/learning.sh: greedy eval before, time-bounded GRPO, greedy eval after, compare.
 # usage: MODEL=path/to/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf DATA=../shared/data OUT=runs/qwen05 \
-#        HOTPOT_SECONDS=240 GSM8K_SECONDS=120 [SEARCH_BONUS=0.1] [TRAIN_ARGS="--key=value ..."] bash benchmarks/qwen05_learning.sh
+#        HOTPOT_SECONDS=240 GSM8K_SECONDS=120 [SEARCH_BONUS=0.5] [TRAIN_ARGS="--key=value ..."] bash benchmarks/qwen05_learning.sh
 # The recipes take any Qwen2.5 GGUF as MODEL: the 1.5B model too (TRAIN_ARGS="--trainer.rows_per_micro_batch=1").
 # HOTPOT_TOTAL_SECONDS / GSM8K_TOTAL_SECONDS bound a whole eval-train-eval instead (learning.sh's TOTAL_SECONDS).
-# SEARCH_BONUS overrides the recipe's hotpotqa_search `search_bonus` in training and in both evals alike; HOP_BONUS
+# SEARCH_BONUS (default 0.5, the recipe's value since 2026-12-02; 0.1 before) sets hotpotqa_search's `search_bonus` in
+# training and in both evals alike; HOP_BONUS
 # sets its `hop_bonus` (a right answer after two different searches pays that much more; off by default) alike, and
 # FOUND_BONUS its `found_bonus` (search results that hold the gold answer pay that much; off by default).
 # GENERATED=N adds N generated two-hop questions (invented worlds) to the hotpotqa training set (`generated_questions`;
@@ -22,12 +23,12 @@ STOP=""
 [ "${STOP_AFTER_CALL:-0}" = 1 ] && STOP="--rollout.stop_after_tool_call=true"
 HOP=${HOP_BONUS:-0}
 FOUND=${FOUND_BONUS:-0}
-HOTPOT_EVAL="--env-arg few_shot=1 --env-arg search_bonus=${SEARCH_BONUS:-0.1} --env-arg hop_bonus=$HOP --env-arg found_bonus=$FOUND --max-turns 4 --max-new-tokens 256 --rollouts-in-flight 128 --model.tool_tags=text $STOP"
+HOTPOT_EVAL="--env-arg few_shot=1 --env-arg search_bonus=${SEARCH_BONUS:-0.5} --env-arg hop_bonus=$HOP --env-arg found_bonus=$FOUND --max-turns 4 --max-new-tokens 256 --rollouts-in-flight 128 --model.tool_tags=text $STOP"
 # Held out: all of dev. Seen: the 320 training questions, the same way (learning.sh's SEEN_EVAL), to tell questions
 # learned from a skill learned.
 CONFIG=examples/train_hotpotqa_search_qwen05.yaml MODEL=$MODEL OUT=$OUT/hotpotqa TRAIN_SECONDS=${HOTPOT_SECONDS:-240} TOTAL_SECONDS=${HOTPOT_TOTAL_SECONDS:-} \
   EVAL="--data $DATA/hotpotqa/dev.jsonl --limit 738 $HOTPOT_EVAL" SEEN_EVAL="--data $DATA/hotpotqa/train.jsonl --limit 320 $HOTPOT_EVAL" \
-  bash benchmarks/learning.sh --env.data="$DATA/hotpotqa/train.jsonl" --env.args.search_bonus="${SEARCH_BONUS:-0.1}" --env.args.hop_bonus="$HOP" --env.args.found_bonus="$FOUND" --env.args.generated_questions="${GENERATED:-0}" $STOP ${TRAIN_ARGS:-}
+  bash benchmarks/learning.sh --env.data="$DATA/hotpotqa/train.jsonl" --env.args.search_bonus="${SEARCH_BONUS:-0.5}" --env.args.hop_bonus="$HOP" --env.args.found_bonus="$FOUND" --env.args.generated_questions="${GENERATED:-0}" $STOP ${TRAIN_ARGS:-}
 [ "${GSM8K_SECONDS:-120}" = 0 ] && exit 0
 CONFIG=examples/train_gsm8k_math_qwen05.yaml MODEL=$MODEL OUT=$OUT/gsm8k TRAIN_SECONDS=${GSM8K_SECONDS:-120} TOTAL_SECONDS=${GSM8K_TOTAL_SECONDS:-} \
   EVAL="--data $DATA/gsm8k/train.jsonl --split train --env.data_rows=-500: --limit 500 --max-turns 1 --max-new-tokens 512 --rollouts-in-flight 128" \
