@@ -7,9 +7,9 @@
 # The recipes take any Qwen2.5 GGUF as MODEL: the 1.5B model too (TRAIN_ARGS="--trainer.rows_per_micro_batch=1").
 # HOTPOT_TOTAL_SECONDS / GSM8K_TOTAL_SECONDS bound a whole eval-train-eval instead (learning.sh's TOTAL_SECONDS).
 # SEARCH_BONUS (default 0.5, the recipe's value since 2026-12-02; 0.1 before) sets hotpotqa_search's `search_bonus` in
-# training and in both evals alike; HOP_BONUS
-# sets its `hop_bonus` (a right answer after two different searches pays that much more; off by default) alike, and
-# FOUND_BONUS its `found_bonus` (search results that hold the gold answer pay that much; off by default).
+# training and in both evals alike; HOP_BONUS its `hop_bonus` (a right answer after two different searches pays that
+# much more; off by default), and FOUND_BONUS its `found_bonus` (search results that hold the gold answer pay that
+# much; off by default), alike.
 # GENERATED=N adds N generated two-hop questions (invented worlds) to the hotpotqa training set (`generated_questions`;
 # training only, the evals read dev and the training file alone).
 # STOP_AFTER_CALL=1 ends each hotpotqa turn at its `</tool_call>` (rollout.stop_after_tool_call, matched as text as
