@@ -162,11 +162,13 @@ item() {
         --variants "default,default+trainer.rows_per_micro_batch=2,default+trainer.rows_per_micro_batch=2+model.activation_memory_budget=0.6,default+trainer.rows_per_micro_batch=4+model.activation_memory_budget=0.4" ;;
     # #16: SmolLM2 at 25% MFU: 23.6-24.4% with the head counted at trained targets only (2026-12-02), before
     # TrainingSample.validate was vectorized (≈ 25 ms of host time a step for 22 samples on the Qwen3-0.6B shape).
+    # Since 2026-12-02 ≈ 06:30 UTC the default is four rows a micro-batch with compiled layers (the estimate is what
+    # a compiled layer keeps): the old default's three rows between two defaults.
     # Before: SmolLM2 at 25% MFU in every call (22:57 UTC, means of five steps: 21.8% for the first default of the
     # process, 26.5% for the second): the default (three rows a micro-batch) against all four rows in one forward
     # and backward, twice in one process, medians of ten steps with each step printed
     smollm2-mfu) TAIL=12 run "$1" 300 python3 benchmarks/train_step.py --model-shape smollm2 --skip-hf --steps 10 \
-        --variants "default,default+trainer.rows_per_micro_batch=4,default" ;;
+        --variants "default,default+trainer.rows_per_micro_batch=3,default" ;;
     # #16: the engine's decode table (padded generate as the baseline, same run), then the profile of its decode steps
     # with each step's own roofline
     engine-roofline) TAIL=60 run "$1" 360 sh -c "python3 benchmarks/engine.py --skip-multi-turn --skip-generate-batch \

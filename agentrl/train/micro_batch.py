@@ -5,8 +5,11 @@ A small model's training step is bound by the host: each micro-batch launches ev
 8k-token rows run one at a time takes about twice as long as the same rows run together (BENCHMARKS.md, the
 overlap and vs TRL tables). A large model's step is bound by the GPU, and its activations are what limit a micro-batch.
 So the default takes as many rows as an estimate of their saved activations fits in `ACTIVATION_BUDGET` (and in a
-quarter of the GPU's memory): three 8k-token rows of SmolLM2-135M on an H200, one of Qwen3-0.6B (whose one-row step
-already holds most of the issue's 20 GiB budget: BENCHMARKS.md, the train step with defaults).
+quarter of the GPU's memory). The estimate counts what a decoder layer keeps for its backward, as measured by
+`benchmarks/saved_activations.py` (BENCHMARKS.md, "saved activations"): compiled layers (the GPU default for dense
+models) keep less than eager ones. With compiled layers on an H200: four 8k-token rows of SmolLM2-135M, one of
+Qwen3-0.6B (whose one-row step already holds most of the issue's 20 GiB budget: BENCHMARKS.md, the train step with
+defaults).
 """
 
 from __future__ import annotations
@@ -16,18 +19,40 @@ import torch
 ACTIVATION_BUDGET = 16 * 2**30  # bytes of saved activations one micro-batch may hold
 
 
-def activation_bytes_per_token(config, dtype: torch.dtype) -> int:
-    """An estimate of what the backward keeps per token, from the model's config: per decoder layer the
-    residual stream and norms (6 x hidden), the MLP's gate, up and activation (3 x intermediate), and attention's
-    q, k, v and output. A rough estimate from the config alone: it knows nothing of what a compiled layer recomputes."""
+def activation_bytes_per_token(config, dtype: torch.dtype, compiled: bool = False, head_norms: bool = False) -> int:
+    """An estimate of what the backward keeps per token, from the model's config, in `dtype` elements per decoder layer:
+
+    - compiled layers (`compiled`): the MLP's gate, up and activation (3 x intermediate); four hidden-wide tensors
+      (the layer's input, both norms' outputs, the attention's output); the rotated queries and the attention output
+      by head (2 x q width), keys and values (2 x kv width); with per-head q/k norms (`head_norms`, Qwen3) their
+      inputs too; the rotary tables (2 x head_dim). This is what `benchmarks/saved_activations.py` lists for them.
+    - eager layers: the same rule with 6 x hidden, a floor (the norms' fp32 upcasts and the MLP's product are kept
+      too: eager layers keep 1.3-1.7x this, BENCHMARKS.md)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     hidden, layers = text.hidden_size, text.num_hidden_layers
     inter = getattr(text, "intermediate_size", None) or 4 * hidden
     heads = getattr(text, "num_attention_heads", None) or 1
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or hidden // heads
-    per_layer = 6 * hidden + 3 * inter + (2 * heads + 2 * kv_heads) * head_dim
+    q_width, kv_width = heads * head_dim, kv_heads * head_dim
+    if compiled:
+        per_layer = 3 * inter + 4 * hidden + 2 * q_width + 2 * kv_width + 2 * head_dim
+        per_layer += (q_width + kv_width) if head_norms else 0
+    else:
+        per_layer = 6 * hidden + 3 * inter + 2 * q_width + 2 * kv_width
     return per_layer * layers * torch.empty((), dtype=dtype).element_size()
+
+
+def has_head_norms(model: torch.nn.Module) -> bool:
+    """Whether the attention normalizes queries and keys per head (Qwen3's `q_norm` / `k_norm`)."""
+    return any(name.endswith(".q_norm") for name, _ in model.named_modules())
+
+
+def layers_compiled(model: torch.nn.Module) -> bool:
+    """Whether the decoder layers were `torch.compile`d in place (`Module.compile`, as the trainer compiles them)."""
+    layers = next((m.layers for m in model.modules() if isinstance(getattr(m, "layers", None), torch.nn.ModuleList)
+                   and len(m.layers)), [])
+    return bool(layers) and all(getattr(layer, "_compiled_call_impl", None) is not None for layer in layers)
 
 
 def default_rows_per_micro_batch(model: torch.nn.Module, row_tokens: int) -> int:
@@ -37,7 +62,9 @@ def default_rows_per_micro_batch(model: torch.nn.Module, row_tokens: int) -> int
     budget = ACTIVATION_BUDGET
     if param.device.type == "cuda":
         budget = min(budget, torch.cuda.get_device_properties(param.device).total_memory // 4)
-    return rows_within(budget, activation_bytes_per_token(model.config, param.dtype), row_tokens)
+    per_token = activation_bytes_per_token(model.config, param.dtype, compiled=layers_compiled(model),
+                                           head_norms=has_head_norms(model))
+    return rows_within(budget, per_token, row_tokens)
 
 
 def rows_within(budget: int, bytes_per_token: int, row_tokens: int) -> int:

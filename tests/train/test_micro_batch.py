@@ -1,14 +1,16 @@
 """The default micro-batch: as many packed rows as an activation estimate fits in 16 GiB (train/micro_batch.py), so a
-small model's rows run in one forward/backward and a large model's one at a time; the gradients are the same."""
+small model's rows run in one forward/backward and a large model's one at a time; the gradients are the same. The
+estimate for compiled layers is what they were measured to keep."""
 
 import pytest
 import torch
-from transformers import LlamaConfig, Qwen3Config
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config
 
 from agentrl.models import load_model
 from agentrl.sample import TrainingSample
 from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig
-from agentrl.train.micro_batch import ACTIVATION_BUDGET, activation_bytes_per_token, rows_within
+from agentrl.train.micro_batch import (ACTIVATION_BUDGET, activation_bytes_per_token, has_head_norms, layers_compiled,
+                                       rows_within)
 from agentrl.train.trainer import Trainer
 
 SMOLLM2_135M = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -17,11 +19,33 @@ QWEN3_06B = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_lay
                         num_key_value_heads=8, head_dim=128)
 
 
-@pytest.mark.parametrize("config, rows", [(SMOLLM2_135M, 3), (QWEN3_06B, 1)])
-def test_the_estimate_gives_small_models_several_rows_and_large_ones_one(config, rows):
-    per_token = activation_bytes_per_token(config, torch.bfloat16)
+@pytest.mark.parametrize("config, head_norms, compiled, rows", [
+    (SMOLLM2_135M, False, True, 4), (QWEN3_06B, True, True, 1),  # compiled layers: the GPU default
+    (SMOLLM2_135M, False, False, 3), (QWEN3_06B, True, False, 1),
+])
+def test_the_estimate_gives_small_models_several_rows_and_large_ones_one(config, head_norms, compiled, rows):
+    per_token = activation_bytes_per_token(config, torch.bfloat16, compiled=compiled, head_norms=head_norms)
     assert rows_within(ACTIVATION_BUDGET, per_token, 8192) == rows
     assert rows_within(24 * 2**30 // 4, per_token, 8192) == 1  # a 24 GiB card: a quarter of it holds one row
+
+
+@pytest.mark.parametrize("config, head_norms, measured", [(SMOLLM2_135M, False, 17_196), (QWEN3_06B, True, 45_736)])
+def test_the_compiled_estimate_is_what_a_compiled_layer_keeps(config, head_norms, measured):
+    """Bytes a token, one compiled bf16 layer, as `benchmarks/saved_activations.py` measured them (BENCHMARKS.md):
+    the estimate leaves out only fp32 scalars a token (log-sum-exp, norm statistics)."""
+    per_layer = activation_bytes_per_token(config, torch.bfloat16, compiled=True, head_norms=head_norms)
+    per_layer /= config.num_hidden_layers
+    assert measured - 200 <= per_layer <= measured
+
+
+def test_compiled_layers_and_head_norms_are_read_off_the_model():
+    model = load_model("tiny-qwen3")[0]
+    assert has_head_norms(model) and not layers_compiled(model)
+    for layer in model.model.layers:
+        layer.compile()  # sets the compiled call; nothing compiles before a forward
+    assert layers_compiled(model)
+    assert not has_head_norms(LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                           num_attention_heads=2, vocab_size=64)))
 
 
 def _samples(vocab: int) -> list[TrainingSample]:
