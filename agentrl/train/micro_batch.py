@@ -7,9 +7,9 @@ overlap and vs TRL tables). A large model's step is bound by the GPU, and its ac
 So the default takes as many rows as an estimate of their saved activations fits in `ACTIVATION_BUDGET` (and in a
 quarter of the GPU's memory). The estimate counts what a decoder layer keeps for its backward, as measured by
 `benchmarks/saved_activations.py` (BENCHMARKS.md, "saved activations"): compiled layers (the GPU default for dense
-models) keep less than eager ones. With compiled layers on an H200: four 8k-token rows of SmolLM2-135M, one of
-Qwen3-0.6B (whose one-row step already holds most of the issue's 20 GiB budget: BENCHMARKS.md, the train step with
-defaults).
+models) keep less than eager ones. On an H200: four 8k-token rows of SmolLM2-135M with compiled layers (two eager),
+one of Qwen3-0.6B (whose one-row step already holds most of the issue's 20 GiB budget: BENCHMARKS.md, the train step
+with defaults).
 """
 
 from __future__ import annotations
@@ -20,14 +20,17 @@ ACTIVATION_BUDGET = 16 * 2**30  # bytes of saved activations one micro-batch may
 
 
 def activation_bytes_per_token(config, dtype: torch.dtype, compiled: bool = False, head_norms: bool = False) -> int:
-    """An estimate of what the backward keeps per token, from the model's config, in `dtype` elements per decoder layer:
+    """An estimate of what the backward keeps per token, from the model's config, in `dtype` elements per decoder layer,
+    counted from what `benchmarks/saved_activations.py` lists a layer keeping (BENCHMARKS.md, "saved activations"):
 
     - compiled layers (`compiled`): the MLP's gate, up and activation (3 x intermediate); four hidden-wide tensors
       (the layer's input, both norms' outputs, the attention's output); the rotated queries and the attention output
       by head (2 x q width), keys and values (2 x kv width); with per-head q/k norms (`head_norms`, Qwen3) their
-      inputs too; the rotary tables (2 x head_dim). This is what `benchmarks/saved_activations.py` lists for them.
-    - eager layers: the same rule with 6 x hidden, a floor (the norms' fp32 upcasts and the MLP's product are kept
-      too: eager layers keep 1.3-1.7x this, BENCHMARKS.md)."""
+      inputs too; the rotary tables (2 x head_dim).
+    - eager layers: the MLP's product as well (4 x intermediate), and both norms' inputs again as fp32 (2 x 2 x
+      hidden in 16-bit elements); with per-head norms, their fp32 inputs and normed outputs (3 x (q + kv) width).
+
+    A hybrid model's linear-attention layers are counted as attention layers: a rough figure, not measured."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     hidden, layers = text.hidden_size, text.num_hidden_layers
     inter = getattr(text, "intermediate_size", None) or 4 * hidden
@@ -35,11 +38,11 @@ def activation_bytes_per_token(config, dtype: torch.dtype, compiled: bool = Fals
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or hidden // heads
     q_width, kv_width = heads * head_dim, kv_heads * head_dim
+    per_layer = 4 * hidden + 2 * q_width + 2 * kv_width + 2 * head_dim
     if compiled:
-        per_layer = 3 * inter + 4 * hidden + 2 * q_width + 2 * kv_width + 2 * head_dim
-        per_layer += (q_width + kv_width) if head_norms else 0
+        per_layer += 3 * inter + ((q_width + kv_width) if head_norms else 0)
     else:
-        per_layer = 6 * hidden + 3 * inter + 2 * q_width + 2 * kv_width
+        per_layer += 4 * inter + 4 * hidden + (3 * (q_width + kv_width) if head_norms else 0)
     return per_layer * layers * torch.empty((), dtype=dtype).element_size()
 
 
