@@ -49,6 +49,18 @@ class ModelNotFound(ValueError):
     """A model name that gives no model; the message is one line saying why and what to pass instead."""
 
 
+def decoder_layers(model: "torch.nn.Module") -> list:
+    """The decoder layers of `model`: its first non-empty `layers` ModuleList (a causal LM's, its decoder's, or a
+    composite model's text decoder's)."""
+    import torch
+
+    for module in model.modules():
+        layers = getattr(module, "layers", None)
+        if isinstance(layers, torch.nn.ModuleList) and len(layers):
+            return list(layers)
+    return []
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
 

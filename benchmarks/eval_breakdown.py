@@ -15,7 +15,7 @@ from pathlib import Path
 
 from agentrl import Episode
 from agentrl.env.execute import ToolCall
-from environments.hotpotqa_search import answer_found, normalize_answer
+from environments.hotpotqa_search import answer_found, normalize_answer, searches_run
 
 
 def _episode(record: dict) -> Episode:
@@ -30,11 +30,12 @@ def breakdown(records: list[dict]) -> dict[str, tuple[int, float]]:
     groups: dict[str, list[float]] = defaultdict(list)
     for record in records:
         f1 = float(record["reward_components"]["answer_f1"])
-        searches = sum(1 for c in record["tool_calls"] if c["name"] == "search" and c["status"] in ("ok", "truncated"))
+        episode = _episode(record)
+        searches = searches_run(episode)
         groups[f"searches: {min(searches, 3)}{'+' if searches >= 3 else ''}"].append(f1)
         if normalize_answer(str(record["gold"])) in ("yes", "no"):
             groups["answer yes/no"].append(f1)
-        elif answer_found(_episode(record)):
+        elif answer_found(episode):
             groups["answer in its search results"].append(f1)
         else:
             groups["answer not in its search results"].append(f1)

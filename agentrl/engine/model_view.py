@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from agentrl.models import decoder_layers
+
 
 @dataclass(frozen=True)
 class Geometry:
@@ -133,15 +135,9 @@ def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | N
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), 64))
-    layers = _decoder_layers(model)
+    layers = decoder_layers(model)
     for layer in layers:
         layer.compile(**options)
     return len(layers)
 
 
-def _decoder_layers(view: nn.Module) -> list[nn.Module]:
-    for module in view.modules():
-        layers = getattr(module, "layers", None)
-        if isinstance(layers, nn.ModuleList) and len(layers):
-            return list(layers)
-    return []

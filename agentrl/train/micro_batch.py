@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from agentrl.models import decoder_layers
+
 ACTIVATION_BUDGET = 16 * 2**30  # bytes of saved activations one micro-batch may hold
 
 
@@ -53,8 +55,7 @@ def has_head_norms(model: torch.nn.Module) -> bool:
 
 def layers_compiled(model: torch.nn.Module) -> bool:
     """Whether the decoder layers were `torch.compile`d in place (`Module.compile`, as the trainer compiles them)."""
-    layers = next((m.layers for m in model.modules() if isinstance(getattr(m, "layers", None), torch.nn.ModuleList)
-                   and len(m.layers)), [])
+    layers = decoder_layers(model)
     return bool(layers) and all(getattr(layer, "_compiled_call_impl", None) is not None for layer in layers)
 
 

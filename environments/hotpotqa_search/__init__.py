@@ -20,7 +20,7 @@ from environments.hotpotqa_search.search import SearchIndex, paragraphs_from_sam
 
 __all__ = ["HotpotQASearchEnv", "load_environment", "answer_f1", "answer_em", "extract_answer", "predicted_answer",
            "normalize_answer", "SearchIndex", "SYSTEM_PROMPT", "EXAMPLES", "example_messages", "format_reward",
-           "searched_f1", "two_hop_f1", "distinct_searches", "answer_found"]
+           "searched_f1", "two_hop_f1", "distinct_searches", "answer_found", "searches_run"]
 
 SYSTEM_PROMPT = (
     "You answer questions that need facts from more than one encyclopedia paragraph. "
