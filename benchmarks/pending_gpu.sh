@@ -114,6 +114,39 @@ item() {
         FOUND_BONUS=${FOUND_BONUS:-0.3} GENERATED=${GENERATED:-0} \
         TRAIN_ARGS="--trainer.rows_per_micro_batch=1 --steps=${STEPS15:-1600}" bash benchmarks/qwen05_learning.sh
       [ "$p" = 3 ] && cp -r /tmp/learning15 "$OUT/" ;;
+    # #17: two 1.5B runs at once on the one GPU, each in its own folder, over back-to-back calls like the item above
+    # (PART=1: both before-evals and training; PART=2 ...: resumed; LAST=N: the part that ends with the evals and the
+    # report, copied to $OUT). Both pay found_bonus 0.3 and hop_bonus 0.5, on the default trainer path (9d2bb69) and
+    # with the prefix cache's age bound (3925f56); run "gen" also trains on GENERATED (640) generated two-hop
+    # questions beside the 320 real ones, run "real" on the real ones alone: whether questions that only a second
+    # search answers teach the held-out second hop. Each engine takes 0.15 of the memory free when it starts (two
+    # trainers and two pools fit in the 139 GiB).
+    learning-1.5b-pair) p=${PART:-1}; last=${LAST:-2}; budget=$(( $(left) < 590 ? $(left) - 20 : 570 ))
+      for v in gen real; do
+        gen=0; [ "$v" = gen ] && gen=${GENERATED:-640}
+        timeout $(( budget + 15 )) env MODEL="${MODEL15:?MODEL15=path/to/qwen2.5-coder-1.5b.gguf}" DATA="$DATA" \
+          OUT="/tmp/learning15-$v" SKIP_BEFORE=$([ "$p" = 1 ] && echo 0 || echo 1) RESUME=$([ "$p" = 1 ] && echo 0 || echo 1) \
+          SKIP_AFTER=$([ "$p" = "$last" ] && echo 0 || echo 1) AFTER_EVAL_SECONDS=${AFTER_EVAL_SECONDS:-150} \
+          HOTPOT_TOTAL_SECONDS=$budget GSM8K_SECONDS=0 SEARCH_BONUS=0.5 HOP_BONUS=0.5 FOUND_BONUS=0.3 GENERATED=$gen \
+          TRAIN_ARGS="--trainer.rows_per_micro_batch=1 --steps=${STEPS15:-900} --engine.gpu_memory_fraction=0.15" \
+          bash benchmarks/qwen05_learning.sh > "$OUT/pair-$v-$p.log" 2>&1 &
+        sleep 3  # the second run's engine sizes its pool after the first's
+      done
+      wait
+      for v in gen real; do
+        echo "== pair $v part $p"; tail -4 "$OUT/pair-$v-$p.log" | cut -c1-300
+        python3 - "/tmp/learning15-$v/hotpotqa/run/metrics.jsonl" <<'PY' || true
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+for r in rows[:2] + rows[-2:]:
+    print({k: r.get(k) for k in ("step", "seconds", "grad_norm", "skipped", "rollout/answer_f1", "rollout/reward",
+                                 "rollout/answer_found", "rollout/tool_calls_per_rollout", "loss/kl_behaviour_current",
+                                 "engine/stale_pages")})
+PY
+        # one archive a run: a call brings back 8 files at most
+        [ "$p" = "$last" ] && (cd "/tmp/learning15-$v/hotpotqa" && tar -czf "$OUT/pair-$v.tgz" --ignore-failed-read \
+          summary.md curves.png {,seen_}{before,after}.jsonl metrics.jsonl train.log run/config.yaml 2>/dev/null)
+      done ;;
     # the session's CPU fixes, first on a GPU: captures kept apart from the trainer's work, trainer layers compiled
     # dynamic from the first step, numpy packing (vs_trl printed 72 ms of packing a step before it)
     # every graph is now recorded by graph_capture.record_graph (no empty_cache, the collector held off): the GPU
