@@ -122,7 +122,7 @@ item() {
     # search answers teach the held-out second hop. Each engine takes 0.15 of the memory free when it starts (two
     # trainers and two pools fit in the 139 GiB).
     learning-1.5b-pair) p=${PART:-1}; last=${LAST:-2}; budget=$(( $(left) < 590 ? $(left) - 20 : 570 ))
-      for v in gen real; do
+      for v in ${PAIR:-gen real}; do
         gen=0; [ "$v" = gen ] && gen=${GENERATED:-640}
         timeout $(( budget + 15 )) env MODEL="${MODEL15:?MODEL15=path/to/qwen2.5-coder-1.5b.gguf}" DATA="$DATA" \
           OUT="/tmp/learning15-$v" SKIP_BEFORE=$([ "$p" = 1 ] && echo 0 || echo 1) RESUME=$([ "$p" = 1 ] && echo 0 || echo 1) \
@@ -133,7 +133,7 @@ item() {
         sleep 3  # the second run's engine sizes its pool after the first's
       done
       wait
-      for v in gen real; do
+      for v in ${PAIR:-gen real}; do
         echo "== pair $v part $p"; tail -4 "$OUT/pair-$v-$p.log" | cut -c1-300
         python3 - "/tmp/learning15-$v/hotpotqa/run/metrics.jsonl" <<'PY' || true
 import json, sys

@@ -6,12 +6,9 @@
 #        HOTPOT_SECONDS=240 GSM8K_SECONDS=120 [SEARCH_BONUS=0.5] [TRAIN_ARGS="--key=value ..."] bash benchmarks/qwen05_learning.sh
 # The recipes take any Qwen2.5 GGUF as MODEL: the 1.5B model too (TRAIN_ARGS="--trainer.rows_per_micro_batch=1").
 # HOTPOT_TOTAL_SECONDS / GSM8K_TOTAL_SECONDS bound a whole eval-train-eval instead (learning.sh's TOTAL_SECONDS).
-# SEARCH_BONUS (default 0.5, the recipe's value since 2026-12-02; 0.1 before) sets hotpotqa_search's `search_bonus` in
-# training and in both evals alike; HOP_BONUS its `hop_bonus` (a right answer after two different searches pays that
-# much more; off by default), and FOUND_BONUS its `found_bonus` (search results that hold the gold answer pay that
-# much; off by default), alike.
-# GENERATED=N adds N generated two-hop questions (invented worlds) to the hotpotqa training set (`generated_questions`;
-# training only, the evals read dev and the training file alone).
+# SEARCH_BONUS, HOP_BONUS, FOUND_BONUS and GENERATED override hotpotqa_search's `search_bonus`, `hop_bonus`,
+# `found_bonus` and `generated_questions`; unset, each is the recipe's (env.args of its yaml). The bonuses apply in
+# training and in both evals alike; the generated questions in training only (the evals read dev and the training file).
 # STOP_AFTER_CALL=1 ends each hotpotqa turn at its `</tool_call>` (rollout.stop_after_tool_call, matched as text as
 # well as ids) in training and in both evals: at temperature 1.0 the 0.5B model writes the tool's response itself.
 set -euo pipefail
@@ -21,14 +18,20 @@ OUT=${OUT:-runs/qwen05}
 # The eval's turn budgets and tool-tag spelling are the recipe's, so before and after are measured as the policy trains.
 STOP=""
 [ "${STOP_AFTER_CALL:-0}" = 1 ] && STOP="--rollout.stop_after_tool_call=true"
-HOP=${HOP_BONUS:-0}
-FOUND=${FOUND_BONUS:-0}
-HOTPOT_EVAL="--env-arg few_shot=1 --env-arg search_bonus=${SEARCH_BONUS:-0.5} --env-arg hop_bonus=$HOP --env-arg found_bonus=$FOUND --max-turns 4 --max-new-tokens 256 --rollouts-in-flight 128 --model.tool_tags=text $STOP"
+RECIPE=examples/train_hotpotqa_search_qwen05.yaml
+recipe_arg() {  # $1: a hotpotqa_search env arg, as the recipe sets it (0 where it does not)
+  python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['env']['args'].get(sys.argv[2], 0))" "$RECIPE" "$1"
+}
+SEARCH=${SEARCH_BONUS:-$(recipe_arg search_bonus)}
+HOP=${HOP_BONUS:-$(recipe_arg hop_bonus)}
+FOUND=${FOUND_BONUS:-$(recipe_arg found_bonus)}
+GEN=${GENERATED:-$(recipe_arg generated_questions)}
+HOTPOT_EVAL="--env-arg few_shot=1 --env-arg search_bonus=$SEARCH --env-arg hop_bonus=$HOP --env-arg found_bonus=$FOUND --max-turns 4 --max-new-tokens 256 --rollouts-in-flight 128 --model.tool_tags=text $STOP"
 # Held out: all of dev. Seen: the 320 training questions, the same way (learning.sh's SEEN_EVAL), to tell questions
 # learned from a skill learned.
-CONFIG=examples/train_hotpotqa_search_qwen05.yaml MODEL=$MODEL OUT=$OUT/hotpotqa TRAIN_SECONDS=${HOTPOT_SECONDS:-240} TOTAL_SECONDS=${HOTPOT_TOTAL_SECONDS:-} \
+CONFIG=$RECIPE MODEL=$MODEL OUT=$OUT/hotpotqa TRAIN_SECONDS=${HOTPOT_SECONDS:-240} TOTAL_SECONDS=${HOTPOT_TOTAL_SECONDS:-} \
   EVAL="--data $DATA/hotpotqa/dev.jsonl --limit 738 $HOTPOT_EVAL" SEEN_EVAL="--data $DATA/hotpotqa/train.jsonl --limit 320 $HOTPOT_EVAL" \
-  bash benchmarks/learning.sh --env.data="$DATA/hotpotqa/train.jsonl" --env.args.search_bonus="${SEARCH_BONUS:-0.5}" --env.args.hop_bonus="$HOP" --env.args.found_bonus="$FOUND" --env.args.generated_questions="${GENERATED:-0}" $STOP ${TRAIN_ARGS:-}
+  bash benchmarks/learning.sh --env.data="$DATA/hotpotqa/train.jsonl" --env.args.search_bonus="$SEARCH" --env.args.hop_bonus="$HOP" --env.args.found_bonus="$FOUND" --env.args.generated_questions="$GEN" $STOP ${TRAIN_ARGS:-}
 [ "${GSM8K_SECONDS:-120}" = 0 ] && exit 0
 CONFIG=examples/train_gsm8k_math_qwen05.yaml MODEL=$MODEL OUT=$OUT/gsm8k TRAIN_SECONDS=${GSM8K_SECONDS:-120} TOTAL_SECONDS=${GSM8K_TOTAL_SECONDS:-} \
   EVAL="--data $DATA/gsm8k/train.jsonl --split train --env.data_rows=-500: --limit 500 --max-turns 1 --max-new-tokens 512 --rollouts-in-flight 128" \
