@@ -71,7 +71,8 @@ python3 -m agentrl.cli plot "$RUN" --out "$OUT/curves.png" || true
   python3 benchmarks/summarize_run.py "$RUN" --eval "$OUT/before.json" --eval "$OUT/after.json"
   if [ "$ENV_NAME" = hotpotqa_search ]; then
     printf '\n## Where the held-out F1 is (benchmarks/eval_breakdown.py)\n\n'
-    python3 benchmarks/eval_breakdown.py "$OUT/before.jsonl" "$OUT/after.jsonl"
+    data=$(printf '%s\n' "$EVAL" | sed -n 's/.*--data \([^ ]*\).*/\1/p')  # the evaluated file: its question types
+    python3 benchmarks/eval_breakdown.py "$OUT/before.jsonl" "$OUT/after.jsonl" ${data:+--data "$data"}
   fi
 } > "$OUT/summary.md"
 cp "$RUN/metrics.jsonl" "$OUT/metrics.jsonl" 2>/dev/null || true

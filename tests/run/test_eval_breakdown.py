@@ -28,3 +28,15 @@ def test_rows_count_rollouts_and_average_their_f1():
     assert rows["answer yes/no"] == (1, 1.0)
     assert rows["searches: 0"] == (1, 0.25) and rows["searches: 1"] == (3, pytest.approx(2 / 3))
     assert rows["searches: 2"] == (1, 0.5) and rows["searches: 3+"] == (1, 0.0)
+
+
+def test_types_split_the_rollouts_by_their_question_type():
+    records = [dict(_record("Lorin", 1.0, [("ok", "Lorin")]), sample_id="a"),
+               dict(_record("Tessa", 0.0, []), sample_id="b"),
+               dict(_record("yes", 0.5, []), sample_id="c"),
+               dict(_record("no", 0.25, []), sample_id="d")]
+    rows = breakdown(records, {"a": "bridge", "b": "bridge", "c": "comparison"})
+    assert rows["type: bridge"] == (2, 0.5)
+    assert rows["type: comparison"] == (1, 0.5)
+    assert rows["type: unknown"] == (1, 0.25)  # a record whose id the file does not hold
+    assert "type: bridge" not in breakdown(records)  # no types given: no rows by type
