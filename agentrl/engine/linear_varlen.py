@@ -48,10 +48,12 @@ def varlen_kernels(device: torch.device) -> VarlenKernels | None:
 
 def ieee_fp32_kernels() -> bool:
     """fp32 products in IEEE precision in every Triton kernel compiled from now on in this process, fla's included,
-    for comparisons that measure fp32 arithmetic (tests, `benchmarks/hybrid_packing_layers.py`). Triton's `tl.dot`
-    on fp32 inputs defaults to tf32 (`TRITON_F32_DEFAULT` changes that default), and fla 0.6's fused
-    "kkt + solve_tril" kernel of the chunked delta rule asks for tf32 explicitly on sm80 and newer, which the
-    variable does not override: its module constant is set here. Call it before any of those kernels compiles (a
+    for comparisons that measure fp32 arithmetic (tests, `benchmarks/hybrid_packing_layers.py`), so that a difference
+    left between two fp32 paths is not tf32's. Triton's `tl.dot` on fp32 inputs defaults to tf32
+    (`TRITON_F32_DEFAULT` changes that default), and fla 0.6's fused "kkt + solve_tril" kernel of the chunked delta
+    rule asks for tf32 explicitly on sm80 and newer, which the variable does not override: its module constant is set
+    here. (The fp32 packed hybrid test's remaining difference is not this kernel's: it measured the same with and
+    without the constant, BENCHMARKS.md, history 2026-12-02 07:10.) Call it before any of those kernels compiles (a
     kernel compiled already keeps its precision, and Triton refuses a constant changed after a compile). Returns
     whether fla's constant was set (False without fla)."""
     import os
