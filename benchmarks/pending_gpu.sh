@@ -120,8 +120,8 @@ item() {
     # with the prefix cache's age bound (3925f56); run "gen" also trains on GENERATED (640) generated two-hop
     # questions beside the 320 real ones, run "real" on the real ones alone: whether questions that only a second
     # search answers teach the held-out second hop. Each engine takes 0.15 of the memory free when it starts.
-    # 2026-12-02 07:16-07:32 UTC: "gen" +0.106 held-out F1; "real" ran out of memory at step 3 (each 1.5B trainer
-    # held 64-74 GiB, 17 GiB of it CUDA-graph pools): PAIR=real alone, or both with less memory each, is what is left.
+    # 2026-12-02 07:16-07:32 UTC (BENCHMARKS.md, learning): "gen" met the goal; "real" ran out of memory at step 3 (two
+    # 1.5B trainers do not fit one H200 this way): PAIR=real alone is what is left.
     learning-1.5b-pair) p=${PART:-1}; last=${LAST:-2}; budget=$(( $(left) < 590 ? $(left) - 20 : 570 ))
       for v in ${PAIR:-gen real}; do
         gen=0; [ "$v" = gen ] && gen=${GENERATED:-640}
