@@ -339,7 +339,7 @@ class ParallelRun:
         ran out of time. A rank stopping alone would leave the others waiting in a collective."""
         from agentrl.run import interrupt
 
-        pending = interrupt._pending  # held there by the `critical()` section the whole loop runs in
+        pending = interrupt.held()  # held by the `critical()` section the whole loop runs in, or lost where raised
         flags = torch.tensor([int(out_of_time), pending[0] if pending else 0], dtype=torch.long,
                              device=self.mesh.host_device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)

@@ -16,6 +16,10 @@ import threading
 import time
 
 _pending: list[int] = []  # the signal waiting for a critical section to end
+# Signals raised outside a section and not yet caught by the run (`caught`). Python cannot raise into every place
+# a handler may interrupt: inside a weakref callback or a finalizer the exception is printed and dropped, and the
+# run would go on as if no signal had come. `raise_pending` raises such a signal again at the end of the step.
+_raised: list[int] = []
 _depth = [0]
 
 
@@ -46,9 +50,20 @@ def critical(hold_past_end: bool = False):
 
 
 def raise_pending() -> None:
-    """Raise an interrupt held past its section (`critical(hold_past_end=True)`), outside every critical section."""
-    if _depth[0] == 0 and _pending:
-        raise Interrupted(_pending.pop(0))
+    """Raise an interrupt held past its section (`critical(hold_past_end=True)`), or one raised where Python
+    dropped the exception (`_raised`), outside every critical section."""
+    if _depth[0] == 0 and (_pending or _raised):
+        raise Interrupted((_pending or _raised).pop(0))
+
+
+def held() -> list[int]:
+    """The signals received and not yet acted on (a rank's contribution to a run-wide stop); clear it once acted on."""
+    return _pending or _raised
+
+
+def caught() -> None:
+    """The run caught `Interrupted`: the signal raised outside a section reached it, nothing to raise again."""
+    _raised.clear()
 
 
 @contextlib.contextmanager
@@ -73,6 +88,7 @@ def interrupts_stop_the_run():
         if _depth[0]:
             _pending.append(signum)
         else:
+            _raised.append(signum)
             raise Interrupted(signum)
 
     previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -82,3 +98,4 @@ def interrupts_stop_the_run():
         for s, handler in previous.items():
             signal.signal(s, handler)
         _pending.clear()
+        _raised.clear()

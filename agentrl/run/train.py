@@ -15,7 +15,7 @@ from pathlib import Path
 from agentrl.run.build import build_run, checkpoint_extra, start, step, stop
 from agentrl.run.config import TrainConfig
 from agentrl.run.distributed import ParallelRun, interrupt_hold, main_process
-from agentrl.run.interrupt import Interrupted, critical, interrupts_stop_the_run, raise_pending
+from agentrl.run.interrupt import Interrupted, caught, critical, interrupts_stop_the_run, raise_pending
 from agentrl.run.progress import TrainProgress
 from agentrl.run.replay import SampleLog
 from agentrl.run.run_dir import Plan, clear_run, cut_metrics, plan_run, write_atomic, write_directory_atomic
@@ -77,6 +77,7 @@ def _train(cfg: TrainConfig, plan: Plan, progress: bool) -> dict:
             _write_final(run)
         finished = True
     except Interrupted:
+        caught()
         bar.close()
         stop(run)  # no new rollouts; the unfinished ones are dropped (their prompts were never marked consumed)
         if done > run.start_step and latest_checkpoint(run.run_dir) != step_dir(run.run_dir, done):

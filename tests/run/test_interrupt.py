@@ -35,3 +35,35 @@ def test_a_signal_held_past_the_update_waits_for_the_end_of_the_step():
         with interrupt.critical():
             pass
     assert interrupt._pending == []
+
+
+def test_a_signal_whose_exception_python_dropped_is_raised_at_the_end_of_the_step():
+    """A handler that runs inside a weakref callback (or a finalizer) raises where Python prints the exception and
+    drops it: the run went on through SIGTERM on the GPU host. The end of the step raises it again."""
+    import gc
+    import weakref
+
+    class Thing:
+        pass
+
+    with interrupt.interrupts_stop_the_run():
+        thing = Thing()
+        ref = weakref.ref(thing, lambda _: os.kill(os.getpid(), signal.SIGTERM))
+        del thing
+        gc.collect()
+        assert ref() is None and interrupt.held() == [signal.SIGTERM]  # dropped by Python, kept here
+        with pytest.raises(interrupt.Interrupted) as raised:
+            interrupt.raise_pending()
+        assert raised.value.exit_code == 143
+        interrupt.raise_pending()  # once only
+    assert interrupt.held() == []
+
+
+def test_a_signal_the_run_caught_is_not_raised_again():
+    with interrupt.interrupts_stop_the_run():
+        with pytest.raises(interrupt.Interrupted):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10**6):  # the handler runs between bytecodes
+                pass
+        interrupt.caught()
+        interrupt.raise_pending()
