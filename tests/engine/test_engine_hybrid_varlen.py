@@ -146,7 +146,7 @@ def test_fla_varlen_path_matches_the_per_sequence_path_on_cuda():
     three turns of conversations advancing together, prefix cache and decode graphs on. Tokens equal, logprobs
     within 1e-4 (both paths run fla's kernels, where transformers resolves its rules to fla's, over different
     segmentations; in IEEE fp32, TRITON_F32_DEFAULT, tests/conftest.py). Not 1e-5: the tiny default's own fp32
-    logprobs miss fp64 by up to 4.0e-3 on the CPU (`tests/train/test_linear_conv.py::
+    logprobs (every vocabulary entry) miss fp64 by up to 4.0e-3 on the CPU (`tests/train/test_linear_conv.py::
     test_the_fp32_bound_is_above_fp32_rounding`), so two correct segmentations may differ by more than 1e-5, and the
     well-conditioned model that would allow it decodes greedily onto one token; a boundary fault is O(1)."""
     model, _ = load_model("tiny-qwen3.5", device="cuda")
