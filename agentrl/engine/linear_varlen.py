@@ -53,9 +53,9 @@ def ieee_fp32_kernels() -> bool:
     (`TRITON_F32_DEFAULT` changes that default), and fla 0.6's fused "kkt + solve_tril" kernel of the chunked delta
     rule asks for tf32 explicitly on sm80 and newer, which the variable does not override: its module constant is set
     here. (The fp32 packed hybrid test measured the same with and without the constant: what it measured was fp32's
-    own rounding on an ill-conditioned tiny model, BENCHMARKS.md, history 2026-12-02.) Call it before any of those kernels compiles (a
-    kernel compiled already keeps its precision, and Triton refuses a constant changed after a compile). Returns
-    whether fla's constant was set (False without fla)."""
+    own rounding on an ill-conditioned tiny model, BENCHMARKS.md, history 2026-12-02.) Call it before any of those
+    kernels compiles (a kernel compiled already keeps its precision, and Triton refuses a constant changed after a
+    compile). Returns whether fla's constant was set (False without fla)."""
     import os
 
     os.environ["TRITON_F32_DEFAULT"] = "ieee"
