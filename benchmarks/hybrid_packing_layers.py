@@ -48,8 +48,8 @@ def compare(model_name: str, device: str, initializer_range: float | None = None
         config = tiny_config(model_name)
         config.initializer_range = initializer_range
         torch.manual_seed(0)
-        cls = Qwen3_5ForCausalLM if model_name == "tiny-qwen3.5" else AutoModelForCausalLM  # as agentrl.models builds it
-        model = (cls(config) if cls is Qwen3_5ForCausalLM else cls.from_config(config))
+        # as agentrl.models builds them
+        model = Qwen3_5ForCausalLM(config) if model_name == "tiny-qwen3.5" else AutoModelForCausalLM.from_config(config)
         model = model.to(device=device, dtype=torch.float32).eval()
     model.set_attn_implementation(build.attention_implementation(ModelConfig(name=model_name), model, device))
     decoder = logprobs._decoder(model)
@@ -73,7 +73,8 @@ def compare(model_name: str, device: str, initializer_range: float | None = None
         logprobs._per_sample_hidden_states(decoder, batch)
     for h in handles:
         h.remove()
-    print(f"{model_name} (initializer range {model.config.initializer_range}) on {device}, fp32, lengths {LENGTHS}, attention {model.config._attn_implementation}, "
+    print(f"{model_name} (initializer range {model.config.initializer_range}) on {device}, fp32, lengths {LENGTHS}, "
+          f"attention {model.config._attn_implementation}, "
           f"TRITON_F32_DEFAULT={os.environ.get('TRITON_F32_DEFAULT', '(unset)')}")
     print(f"{'output of':<14} {'max |packed - alone|':>22} {'max |alone|':>12} {'worst sample (length)':>22}")
     for name, (packed, alone) in seen.items():

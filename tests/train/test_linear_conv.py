@@ -237,7 +237,8 @@ def test_the_fp32_bound_is_above_fp32_rounding():
             model = tiny_qwen35(initializer_range, dtype)
             batch = logprobs._synthetic_row(model, lengths, 0)
             with torch.no_grad():
-                hidden[dtype] = logprobs._per_sample_hidden_states(logprobs._decoder(model), batch)[0, :batch.num_tokens]
+                states = logprobs._per_sample_hidden_states(logprobs._decoder(model), batch)
+            hidden[dtype] = states[0, :batch.num_tokens]
         return float((hidden[torch.float32].double() - hidden[torch.float64]).abs().max())
 
     assert fp32_error(WELL_CONDITIONED_INIT) < 2e-6  # 1.4e-6 measured
