@@ -71,7 +71,7 @@ def load_model(name: str = EMBEDDED, *, dtype: torch.dtype | str | None = None, 
     import torch
 
     if name in TINY_MODELS:
-        model, tok = _tiny(name, seed)
+        model, tok = tiny_model(name, seed)
     elif name == EMBEDDED:
         model, tok = _from_dir(embedded_model_dir(), dtype)
     else:
@@ -399,13 +399,17 @@ def tiny_config(name: str):
     raise ValueError(f"unknown tiny model {name!r}; choose from {TINY_MODELS}")
 
 
-def _tiny(name: str, seed: int):
+def tiny_model(name: str, seed: int = 0, **config_overrides):
+    """`(model, tokenizer)` of a tiny test model in fp32 on the CPU, its config's fields overridden by
+    `config_overrides` (a test of fp32 exactness takes `initializer_range=0.02`, see `tiny_config`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from agentrl.tokenizer import byte_tokenizer
 
     config = tiny_config(name)
+    for key, value in config_overrides.items():
+        setattr(config, key, value)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if name == "tiny-qwen3.5":

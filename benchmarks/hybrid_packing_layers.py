@@ -41,16 +41,9 @@ def compare(model_name: str, device: str, initializer_range: float | None = None
     if initializer_range is None:
         model, _ = load_model(model_name, dtype=torch.float32, device=device)
     else:
-        from transformers import AutoModelForCausalLM, Qwen3_5ForCausalLM
+        from agentrl.models import tiny_model
 
-        from agentrl.models import tiny_config
-
-        config = tiny_config(model_name)
-        config.initializer_range = initializer_range
-        torch.manual_seed(0)
-        # as agentrl.models builds them
-        model = Qwen3_5ForCausalLM(config) if model_name == "tiny-qwen3.5" else AutoModelForCausalLM.from_config(config)
-        model = model.to(device=device, dtype=torch.float32).eval()
+        model = tiny_model(model_name, initializer_range=initializer_range)[0].to(device)
     model.set_attn_implementation(build.attention_implementation(ModelConfig(name=model_name), model, device))
     decoder = logprobs._decoder(model)
     batch = logprobs._synthetic_row(model, LENGTHS, 0)

@@ -284,18 +284,13 @@ WELL_CONDITIONED_INIT = 0.02  # transformers' default initializer range
 
 
 def tiny_qwen35(initializer_range: float, dtype=torch.float32, device="cpu", seed: int = 0):
-    """Tiny Qwen3.5 (`agentrl.models.tiny_config`) at another initializer range than the tiny models' 1.0, which is
-    wide enough for varied greedy text and ill-conditioned enough that fp32's own rounding error is large (see
+    """Tiny Qwen3.5 at another initializer range than the tiny models' 1.0, which is wide enough for varied greedy
+    text and ill-conditioned enough that fp32's own rounding error is large (see
     `tests/train/test_linear_conv.py::test_the_fp32_bound_is_above_fp32_rounding`)."""
-    from transformers import Qwen3_5ForCausalLM
+    from agentrl.models import tiny_model
 
-    from agentrl.models import tiny_config
-
-    config = tiny_config("tiny-qwen3.5")
-    config.initializer_range = initializer_range
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return Qwen3_5ForCausalLM(config).to(device=device, dtype=dtype).eval()
+    model, _ = tiny_model("tiny-qwen3.5", seed, initializer_range=initializer_range)
+    return model.to(device=device, dtype=dtype)
 
 
 def per_sample_logprobs(model, samples):
