@@ -320,8 +320,12 @@ def _core(self, plan: "StepPlan", mixed, g, beta):
                                              beta.index_select(0, rows), conv_states, rec_states,
                                              plan.single_slots_dev))
     if plan.varlen is not None:
-        core.index_copy_(0, plan.dev["lin_chunk_rows"], _varlen_chunks(self, kernels, mixed, g, beta, conv_states,
-                                                                 rec_states, plan, layer))
+        out = _varlen_chunks(self, kernels, mixed, g, beta, conv_states, rec_states, plan, layer)
+        rows = plan.varlen.rows
+        if rows is not None:
+            core[rows[0]:rows[1]] = out
+        else:
+            core.index_copy_(0, plan.dev["lin_chunk_rows"], out)
     snapshots = plan.snapshots
     for chunk in plan.chunks if plan.varlen is None else ():
         snap_conv = snap_rec = None

@@ -1,15 +1,19 @@
 """The varlen path of the engine's linear-attention layers (`linear_state.py`): every chunk of a step through one
-call of flash-linear-attention's chunked delta rule.
+call of flash-linear-attention's causal conv and one of its chunked delta rule.
 
-On CUDA with fla installed (`varlen_kernels`), all the chunks of a step run as one varlen call of fla's chunked
-delta rule instead of one call per sequence, `cu_seqlens` marking the chunks, their initial states gathered from
-their slots (zeroed first for those starting at position 0) and final states scattered back, and one depthwise
-conv over the chunks laid end to end, each after its slot's window. A chunk split at a page boundary takes
-two calls: the first runs every chunk up to its split (or whole), the second the rest of the split chunks
-from the states the first ended with, so the snapshot is still the state at the boundary. Every index of
-that layout is built on the host in `plan` and travels in the step's one upload; fla's own chunk indices are
-passed too, so the kernels read no boundary back to the host. Without CUDA or fla, `linear_state`'s
-per-sequence path runs: the CPU path, and the reference this one is tested against.
+On CUDA with fla installed (`varlen_kernels`), all the chunks of a step run together instead of one call per
+sequence: their tokens in chunk order ("chunk-major", rows of the step's packed row, a plain slice when the chunks
+are the row's tail), `cu_seqlens` marking the chunks. fla's varlen conv runs over them from each slot's window
+(its initial state) and gives each chunk's last window back; its delta rule runs from the states gathered from the
+slots (zeroed first for chunks starting at position 0), the final states scattered back. Everything stays in the
+`[tokens, channels]` layout the projections give: no transposed copies, and no depthwise conv through cuDNN. A
+chunk split at a page boundary takes two delta-rule calls: the first runs every chunk up to its split (or whole),
+the second the rest of the split chunks from the states the first ended with, so the snapshot is the state at the
+boundary; the snapshot's conv window is gathered from the chunk's inputs before the boundary (or its slot's window
+where the boundary is nearer the chunk's start than the window's width). Every index of that layout is built on the
+host in `plan` and travels in the step's one upload; fla's own chunk indices are passed too, so the kernels read no
+boundary back to the host. Without CUDA or fla, `linear_state`'s per-sequence path runs: the CPU path, and the
+reference this one is tested against.
 """
 
 from __future__ import annotations
@@ -24,15 +28,20 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class VarlenKernels:
-    """Gated delta rule kernels with fla's signatures: `chunk(q, k, v, g, beta, initial_state=, output_final_state=,
-    use_qk_l2norm_in_kernel=, cu_seqlens=, chunk_indices=)` over the segments of one flat row, and
-    `recurrent(...)` (the same without boundaries) over a batch of single tokens."""
+    """flash-linear-attention's kernels, or stand-ins with their signatures: `chunk(q, k, v, g, beta, initial_state=,
+    output_final_state=, use_qk_l2norm_in_kernel=, cu_seqlens=, chunk_indices=)`, the gated delta rule over the
+    segments of one flat row; `recurrent(...)` (the same without boundaries) over a batch of single tokens; and
+    `conv(x, weight, bias, initial_state=, output_final_state=, activation=, cu_seqlens=, chunk_indices=)`, the
+    causal depthwise conv over the segments of `x` `[1, tokens, channels]` (`weight` `[channels, kernel]`), each
+    from its `initial_state` `[segments, channels, kernel]` (the last `kernel - 1` columns are the inputs before
+    the segment), returning the output and each segment's last `kernel` inputs."""
 
     chunk: Callable
     recurrent: Callable
+    conv: Callable
 
 
-FLA_CHUNK_SIZE = 64  # the chunk size of fla's chunked delta rule: `chunk_indices` number these chunks
+FLA_CHUNK_SIZE = 64  # the chunk size of fla's chunked delta rule and varlen conv: `chunk_indices` number these chunks
 
 
 def varlen_kernels(device: torch.device) -> VarlenKernels | None:
@@ -40,10 +49,11 @@ def varlen_kernels(device: torch.device) -> VarlenKernels | None:
     if device.type != "cuda":
         return None
     try:
+        from fla.modules.causal_conv1d import causal_conv1d
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     except ImportError:
         return None
-    return VarlenKernels(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule)
+    return VarlenKernels(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, causal_conv1d)
 
 
 def ieee_fp32_kernels() -> bool:
@@ -74,17 +84,19 @@ def ieee_fp32_kernels() -> bool:
 class VarlenLayout:
     """Where a step's chunks go for the varlen kernels (host arrays named `lin_*`, uploaded with the step).
 
-    The chunks' tokens are taken in chunk order ("chunk-major": the rows `lin_chunk_rows`). The conv input `x` lays the
-    chunks end to end, each after the `width` columns of its slot's window: `lin_x_win` are those columns,
-    `lin_x_tok` the tokens', `lin_x_tail` the last `width` of each block (the window the slot keeps) and
-    `lin_x_snap` the `width` before a split that writes a snapshot. The delta rule's first call runs the chunk-major
-    positions `lin_p1` (absent: all of them) as segments `lin_cu1`; its second, where chunks are split, `lin_p2`
-    as `lin_cu2`, from the first call's final states of the chunks `lin_split`. `lin_ci*` are fla's chunk indices
-    of those segments, `(segment, chunk within it)` pairs."""
+    The chunks' tokens are taken in chunk order ("chunk-major"): the packed row's rows `rows` (a `(start, stop)`
+    slice; None: the rows `lin_chunk_rows`, gathered). The conv runs over the chunks as segments `lin_cuc` (fla's
+    chunk indices `lin_cic`; absent: the same as the first delta-rule call's). The delta rule's first call runs the
+    chunk-major positions `lin_p1` (absent: all of them) as segments `lin_cu1`; its second, where chunks are split,
+    `lin_p2` as `lin_cu2`, from the first call's final states of the chunks `lin_split`. `lin_ci*` are fla's chunk
+    indices of those segments, `(segment, chunk within it)` pairs. A split chunk writing a snapshot (`lin_snap_chunks`
+    into `lin_snap_ids`) takes the conv window before its boundary from the chunk-major rows `lin_snap_rows` where
+    `lin_snap_in_x` is 1, else from its slot's window, the columns `lin_snap_win` of the chunks' windows laid end to
+    end."""
 
     parts: dict[str, np.ndarray]
-    x_width: int
     tokens: int
+    rows: tuple[int, int] | None
 
 
 def _segments(lengths) -> tuple[np.ndarray, np.ndarray]:
@@ -105,18 +117,18 @@ def varlen_layout(chunks: list, width: int) -> VarlenLayout:
     lens = np.array([c.length for c in chunks], dtype=np.int64)
     first = np.array([c.split or c.length for c in chunks], dtype=np.int64)
     base = np.cumsum(lens) - lens  # each chunk's start in chunk-major order
-    xoff = np.cumsum(lens + width) - (lens + width)  # each block's start in the conv input
-    cols = np.arange(width)
-    parts = {"lin_chunk_rows": _spans([c.row for c in chunks], lens),
-             "lin_chunk_slots": np.array([c.slot for c in chunks], dtype=np.int64),
-             "lin_x_win": (xoff[:, None] + cols).reshape(-1), "lin_x_tok": _spans(xoff + width, lens),
-             "lin_x_tail": ((xoff + lens)[:, None] + cols).reshape(-1)}
+    starts = np.array([c.row for c in chunks], dtype=np.int64)
+    contiguous = bool((starts == starts[0] + base).all())
+    parts = {"lin_chunk_slots": np.array([c.slot for c in chunks], dtype=np.int64)}
+    if not contiguous:
+        parts["lin_chunk_rows"] = _spans(starts, lens)
     fresh = [c.slot for c in chunks if c.fresh]
     if fresh:
         parts["lin_fresh"] = np.array(fresh, dtype=np.int64)
     parts["lin_cu1"], parts["lin_ci1"] = _segments(first)
     split = np.array([i for i, c in enumerate(chunks) if c.split], dtype=np.int64)
     if split.size:
+        parts["lin_cuc"], parts["lin_cic"] = _segments(lens)
         parts["lin_p1"] = _spans(base, first)
         parts["lin_p2"] = _spans(base[split] + first[split], lens[split] - first[split])
         parts["lin_cu2"], parts["lin_ci2"] = _segments(lens[split] - first[split])
@@ -125,8 +137,15 @@ def varlen_layout(chunks: list, width: int) -> VarlenLayout:
         if snaps.size:
             parts["lin_snap_chunks"] = snaps
             parts["lin_snap_ids"] = np.array([chunks[i].snap for i in snaps], dtype=np.int64)
-            parts["lin_x_snap"] = ((xoff[snaps] + first[snaps])[:, None] + cols).reshape(-1)
-    return VarlenLayout(parts, int((lens + width).sum()), int(lens.sum()))
+            # The window before the boundary: its column j is the input `width - j` before it, in the chunk
+            # (chunk-major row) or, nearer the chunk's start than `width`, in the slot's window (column split + j).
+            ahead = (first[snaps][:, None] - width + np.arange(width)).reshape(-1)  # offsets in the chunk
+            within = ahead >= 0
+            parts["lin_snap_rows"] = np.repeat(base[snaps], width) + np.maximum(ahead, 0)
+            parts["lin_snap_in_x"] = within.astype(np.int64)
+            parts["lin_snap_win"] = np.repeat(snaps, width) * width + np.minimum(ahead + width, width - 1)
+    rows = (int(starts[0]), int(starts[0] + lens.sum())) if contiguous else None
+    return VarlenLayout(parts, int(lens.sum()), rows)
 
 
 def _qkv(self, y: torch.Tensor, batch: int, n: int):
@@ -141,9 +160,10 @@ def _qkv(self, y: torch.Tensor, batch: int, n: int):
     return q, k, v
 
 
-def _windows(x: torch.Tensor, columns: torch.Tensor, width: int) -> torch.Tensor:
-    """`[n, channels, width]` conv windows read from the columns of `x` (`n` windows of `width` columns each)."""
-    return x.index_select(1, columns).view(x.shape[0], -1, width).transpose(0, 1)
+def chunk_major(mixed: torch.Tensor, plan) -> torch.Tensor:
+    """The rows of `mixed` `[T, ...]` that the step's chunks cover, in chunk order (`VarlenLayout`)."""
+    rows = plan.varlen.rows
+    return mixed[rows[0]:rows[1]] if rows is not None else mixed.index_select(0, plan.dev["lin_chunk_rows"])
 
 
 def _varlen_chunks(self, kernels: VarlenKernels, mixed, g, beta, conv_states, rec_states, plan, layer: int):
@@ -154,18 +174,23 @@ def _varlen_chunks(self, kernels: VarlenKernels, mixed, g, beta, conv_states, re
 
     d, width, channels = plan.dev, self.conv_kernel_size - 1, mixed.shape[1]
     slots, tokens = d["lin_chunk_slots"], plan.varlen.tokens
-    x = mixed.new_empty(channels, plan.varlen.x_width)
+    x = chunk_major(mixed, plan)  # [tokens, C]
     windows = conv_states.index_select(0, slots).to(x.dtype)  # [chunks, C, width]
-    x.index_copy_(1, d["lin_x_win"], windows.transpose(0, 1).reshape(channels, -1))
-    x.index_copy_(1, d["lin_x_tok"], mixed.index_select(0, d["lin_chunk_rows"]).t())
-    conv_states.index_copy_(0, slots, _windows(x, d["lin_x_tail"], width).to(conv_states.dtype))
+    # fla's conv state is the kernel's width: its first column is never read
+    fused = self.activation in ("silu", "swish")
+    y, tails = kernels.conv(x[None], self.conv1d.weight.squeeze(1), self.conv1d.bias,
+                            initial_state=F.pad(windows, (1, 0)), output_final_state=True,
+                            activation=self.activation if fused else None, cu_seqlens=d.get("lin_cuc", d["lin_cu1"]),
+                            chunk_indices=d.get("lin_cic", d["lin_ci1"]).view(-1, 2))
+    conv_states.index_copy_(0, slots, tails[..., 1:].to(conv_states.dtype))
     if "lin_snap_ids" in d:
-        plan.snapshots.conv[layer].index_copy_(0, d["lin_snap_ids"], _windows(x, d["lin_x_snap"], width))
-    # A valid conv over the blocks: output j reads x[j : j + kernel], so a token's output sits `width` before it.
-    y = F.conv1d(x[None], self.conv1d.weight, self.conv1d.bias, groups=channels)[0]
-    y = ACT2FN[self.activation](y.index_select(1, d["lin_x_tok"] - width)).t()[None]  # [1, tokens, C]
+        from_x = x.index_select(0, d["lin_snap_rows"])  # [snapshots * width, C]
+        from_window = windows.transpose(1, 2).reshape(-1, channels).index_select(0, d["lin_snap_win"])
+        window = torch.where(d["lin_snap_in_x"].bool()[:, None], from_x, from_window)
+        plan.snapshots.conv[layer].index_copy_(0, d["lin_snap_ids"], window.view(-1, width, channels).transpose(1, 2))
+    y = y if fused else ACT2FN[self.activation](y)
     q, k, v = _qkv(self, y, 1, tokens)
-    g, beta = g.index_select(0, d["lin_chunk_rows"])[None], beta.index_select(0, d["lin_chunk_rows"])[None]
+    g, beta = chunk_major(g, plan)[None], chunk_major(beta, plan)[None]
 
     def rule(p, state, cu, ci):
         pick = (lambda t: t) if p is None else (lambda t: t.index_select(1, p))

@@ -12,12 +12,13 @@ fresh slots). On CUDA with flash-linear-attention the real kernels are compared 
 import importlib.util
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 import agentrl.engine.linear_state as linear_state
 from agentrl.engine import Engine, EngineConfig, SamplingParams
-from agentrl.engine.linear_varlen import FLA_CHUNK_SIZE, VarlenKernels
+from agentrl.engine.linear_varlen import FLA_CHUNK_SIZE, VarlenKernels, VarlenLayout
 from agentrl.models import load_model
 from tests.helpers import random_prompts
 
@@ -63,7 +64,23 @@ def standin_kernels(impl) -> tuple[VarlenKernels, list[int]]:
             finals.append(final)
         return torch.cat(outs, dim=1), torch.cat(finals)
 
-    return VarlenKernels(chunk=chunk, recurrent=recurrent), calls
+    def conv(x, weight, bias, initial_state=None, output_final_state=False, activation=None, cu_seqlens=None,
+             chunk_indices=None):
+        # fla's varlen conv per segment: transformers' conv and SiLU over the segment after its window
+        channels, kernel = weight.shape
+        assert x.shape[0] == 1 and x.shape[2] == channels and output_final_state and activation == "silu"
+        assert initial_state.shape == (cu_seqlens.numel() - 1, channels, kernel)
+        assert torch.equal(chunk_indices, fla_chunk_indices(cu_seqlens))
+        outs, tails = [], []
+        bounds = cu_seqlens.tolist()
+        for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+            window = torch.cat([initial_state[i, :, 1:], x[0, s:e].t()], dim=-1)  # [C, kernel - 1 + n]
+            y = torch.nn.functional.conv1d(window[None], weight[:, None], bias, groups=channels)[0]
+            outs.append(torch.nn.functional.silu(y).t())
+            tails.append(torch.cat([initial_state[i, :, :1], window], dim=-1)[:, -kernel:])
+        return torch.cat(outs)[None], torch.stack(tails)
+
+    return VarlenKernels(chunk=chunk, recurrent=recurrent, conv=conv), calls
 
 
 def conversations(engine, contexts, turns, tools):
@@ -78,12 +95,21 @@ def conversations(engine, contexts, turns, tools):
     return outs
 
 
-@pytest.mark.parametrize("page_size,budget", [(8, 40), (16, 256)], ids=["small-pages-chunked", "ample"])
-def test_varlen_path_equals_the_per_sequence_path_bit_for_bit(model, monkeypatch, page_size, budget):
+def gathered(layout: VarlenLayout) -> VarlenLayout:
+    """`layout` with its chunks' rows gathered by index rather than sliced (the layout of chunks that are not the
+    packed row's tail, which the scheduler's order rarely gives)."""
+    start, stop = layout.rows
+    return VarlenLayout({**layout.parts, "lin_chunk_rows": np.arange(start, stop)}, layout.tokens, None)
+
+
+@pytest.mark.parametrize("page_size,budget,rows", [(8, 40, "sliced"), (16, 256, "sliced"), (8, 40, "gathered")],
+                         ids=["small-pages-chunked", "ample", "rows-gathered"])
+def test_varlen_path_equals_the_per_sequence_path_bit_for_bit(model, monkeypatch, page_size, budget, rows):
     impl = sys.modules[type(next(m for m in model.modules() if hasattr(m, "in_proj_b"))).__module__]
     layouts = []
+    adapt = gathered if rows == "gathered" else (lambda layout: layout)
     monkeypatch.setattr(linear_state, "varlen_layout",
-                        lambda *a, _f=linear_state.varlen_layout: layouts.append(_f(*a)) or layouts[-1])
+                        lambda *a, _f=linear_state.varlen_layout: layouts.append(adapt(_f(*a))) or layouts[-1])
     system = random_prompts(1, 70, 71, seed=5)[0]  # a shared prefix longer than fla's 64-token chunk
     contexts = [system + p for p in random_prompts(5, 1, 30, seed=6)] + random_prompts(2, 1, 4, seed=7)
     tools = random_prompts(4, 2, 9, seed=8)
@@ -102,6 +128,8 @@ def test_varlen_path_equals_the_per_sequence_path_bit_for_bit(model, monkeypatch
     parts = [layout.parts for layout in layouts]
     assert max(calls) > 1 and any(p["lin_chunk_slots"].size > 1 for p in parts)
     assert any("lin_p2" in p for p in parts) and any("lin_snap_ids" in p for p in parts)
+    if page_size == 16:  # a snapshot window reaching back into the slot's window (a boundary < 3 tokens in)
+        assert any("lin_snap_in_x" in p and not p["lin_snap_in_x"].all() for p in parts)
     fresh = [(p["lin_fresh"].size if "lin_fresh" in p else 0, p["lin_chunk_slots"].size) for p in parts]
     assert any(n for n, _ in fresh) and any(n < chunks for n, chunks in fresh)
     stats, ref_stats = engine.stats, reference.stats
@@ -114,24 +142,31 @@ def test_varlen_path_equals_the_per_sequence_path_bit_for_bit(model, monkeypatch
 def test_varlen_layout_of_split_and_fresh_chunks():
     chunks = [linear_state.Chunk(row=2, length=5, slot=3, fresh=True, split=0, snap=-1),
               linear_state.Chunk(row=7, length=70, slot=0, fresh=False, split=2, snap=4),
-              linear_state.Chunk(row=77, length=3, slot=6, fresh=False, split=1, snap=-1)]
+              linear_state.Chunk(row=77, length=3, slot=6, fresh=False, split=1, snap=-1),
+              linear_state.Chunk(row=80, length=20, slot=5, fresh=False, split=16, snap=7)]
     layout = linear_state.varlen_layout(chunks, width=3)
     p = layout.parts
-    assert layout.tokens == 78 and layout.x_width == 78 + 3 * 3
-    assert p["lin_chunk_rows"].tolist() == list(range(2, 80)) and p["lin_chunk_slots"].tolist() == [3, 0, 6]
-    assert p["lin_fresh"].tolist() == [3]
-    assert p["lin_x_win"].tolist() == [0, 1, 2, 8, 9, 10, 81, 82, 83]
-    assert p["lin_x_tok"].tolist() == [3, 4, 5, 6, 7, *range(11, 81), 84, 85, 86]
-    assert p["lin_x_tail"].tolist() == [5, 6, 7, 78, 79, 80, 84, 85, 86]  # each block's last 3 columns
-    # First call: chunk 0 whole, the first 2 tokens of chunk 1, the first of chunk 2; second: the rest of 1 and 2.
-    assert p["lin_cu1"].tolist() == [0, 5, 7, 8] and p["lin_p1"].tolist() == [0, 1, 2, 3, 4, 5, 6, 75]
-    assert p["lin_cu2"].tolist() == [0, 68, 70] and p["lin_p2"].tolist() == [*range(7, 75), 76, 77]
-    assert p["lin_ci1"].reshape(-1, 2).tolist() == [[0, 0], [1, 0], [2, 0]]
-    assert p["lin_ci2"].reshape(-1, 2).tolist() == [[0, 0], [0, 1], [1, 0]]  # 68 tokens: two 64-token chunks
-    assert p["lin_split"].tolist() == [1, 2]
-    # Only chunk 1 writes a snapshot: the window of the 3 inputs before its boundary, and its state there.
-    assert p["lin_snap_chunks"].tolist() == [1] and p["lin_snap_ids"].tolist() == [4]
-    assert p["lin_x_snap"].tolist() == [10, 11, 12]
+    assert layout.tokens == 98 and layout.rows == (2, 100) and "lin_chunk_rows" not in p  # the row's tail: a slice
+    assert p["lin_chunk_slots"].tolist() == [3, 0, 6, 5] and p["lin_fresh"].tolist() == [3]
+    assert p["lin_cuc"].tolist() == [0, 5, 75, 78, 98]  # the conv runs each chunk whole
+    assert p["lin_cic"].reshape(-1, 2).tolist() == [[0, 0], [1, 0], [1, 1], [2, 0], [3, 0]]
+    # First call: chunk 0 whole, the first 2 tokens of chunk 1, the first of chunk 2, the first 16 of chunk 3;
+    # second: the rest of 1, 2 and 3.
+    assert p["lin_cu1"].tolist() == [0, 5, 7, 8, 24]
+    assert p["lin_p1"].tolist() == [0, 1, 2, 3, 4, 5, 6, 75, *range(78, 94)]
+    assert p["lin_cu2"].tolist() == [0, 68, 70, 74] and p["lin_p2"].tolist() == [*range(7, 75), 76, 77, *range(94, 98)]
+    assert p["lin_ci1"].reshape(-1, 2).tolist() == [[0, 0], [1, 0], [2, 0], [3, 0]]
+    assert p["lin_ci2"].reshape(-1, 2).tolist() == [[0, 0], [0, 1], [1, 0], [2, 0]]  # 68 tokens: two chunks
+    assert p["lin_split"].tolist() == [1, 2, 3]
+    # Chunks 1 and 3 write snapshots: the window of the 3 inputs before the boundary. Chunk 1's boundary is 2 tokens
+    # in, so its window's first column is its slot window's last (window column 3 * 1 + 2 of the chunks' windows laid
+    # end to end); chunk 3's are its rows 13..15 (chunk-major rows 91..93).
+    assert p["lin_snap_chunks"].tolist() == [1, 3] and p["lin_snap_ids"].tolist() == [4, 7]
+    assert p["lin_snap_in_x"].tolist() == [0, 1, 1, 1, 1, 1]
+    assert p["lin_snap_rows"].tolist()[1:] == [5, 6, 91, 92, 93] and p["lin_snap_win"].tolist()[0] == 5
+    # Chunks that are not the row's tail in order are gathered.
+    gathered = linear_state.varlen_layout([chunks[1], chunks[0]], width=3)
+    assert gathered.rows is None and gathered.parts["lin_chunk_rows"].tolist() == [*range(7, 77), *range(2, 7)]
 
 
 def fla_installed() -> bool:
@@ -160,7 +195,7 @@ def test_fla_varlen_path_matches_the_per_sequence_path_on_cuda():
     chunk = engine.linear.kernels.chunk
     engine.linear.kernels = VarlenKernels(
         chunk=lambda *a, **k: calls.append(k["cu_seqlens"].numel() - 1) or chunk(*a, **k),
-        recurrent=engine.linear.kernels.recurrent)
+        recurrent=engine.linear.kernels.recurrent, conv=engine.linear.kernels.conv)
     outs = conversations(engine, contexts, 3, tools)
     reference = Engine(model, EngineConfig(**config))
     reference.linear.kernels = None
