@@ -203,6 +203,8 @@ class DecodeGraphs(_GraphSet):
         self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)
         self.linear_slots = (torch.full((top,), self.linear.scratch, dtype=torch.long, device=device)
                              if self.linear is not None else None)
+        self.linear_snaps = (torch.full((top,), -1, dtype=torch.long, device=device)
+                             if self.linear is not None else None)  # snapshots written in the kernel, -1: none
 
     # -- choosing ------------------------------------------------------------------------------------
     def accepts(self, batch) -> bool:
@@ -231,6 +233,8 @@ class DecodeGraphs(_GraphSet):
             linear_parts = linear.parts()
             linear_parts["lin_slots"] = np.pad(linear_parts["lin_slots"], (0, bucket - n),
                                                constant_values=self.linear.scratch)
+            if "lin_snaps" in linear_parts:
+                linear_parts["lin_snaps"] = np.pad(linear_parts["lin_snaps"], (0, bucket - n), constant_values=-1)
             parts.update(linear_parts)
         dev = upload({**parts, **extra}, self.device)
         self.block_tables[:n, :host.width].copy_(dev["tables"].view(n, host.width))
@@ -240,6 +244,8 @@ class DecodeGraphs(_GraphSet):
         if linear is not None:
             linear.dev = dev  # the snapshots taken after the replay read their indices from it
             fill[self.linear_slots] = dev["lin_slots"]
+            if "lin_snaps" in dev:
+                fill[self.linear_snaps] = dev["lin_snaps"]
         logits = self._replay(bucket, fill)
         return logits[:n], dev
 
@@ -257,7 +263,7 @@ class DecodeGraphs(_GraphSet):
         ids, pos = self.ids[:bucket][None], self.pos[:bucket][None]
         kwargs = {}
         if self.linear is not None:
-            kwargs[LinearStates.KWARG] = self.linear.static_plan(self.linear_slots[:bucket])
+            kwargs[LinearStates.KWARG] = self.linear.static_plan(self.linear_slots[:bucket], self.linear_snaps[:bucket])
 
         def forward() -> torch.Tensor:
             self.backend.prepare(meta)
@@ -271,6 +277,7 @@ class DecodeGraphs(_GraphSet):
         self.seq_lens.zero_()
         if self.linear is not None:
             self.linear_slots.fill_(self.linear.scratch)
+            self.linear_snaps.fill_(-1)
         return self._store(bucket, forward)
 
 

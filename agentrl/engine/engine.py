@@ -119,6 +119,7 @@ class Engine(BackgroundMode):
             self.linear is not None else None
         if self.snapshots is not None:
             self.pool.on_forget = self.snapshots.drop
+            self.linear.snapshots = self.snapshots  # captured decode steps write page-boundary snapshots into them
         self.storage = KVStorage(len(geo.attention_layers), num_pages, config.page_size, geo.num_kv_heads,
                                  geo.head_dim, self.dtype, self.device)
         self.backend = make_backend(config.attention_backend, self.device, config.page_size)

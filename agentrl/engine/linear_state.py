@@ -108,6 +108,7 @@ class LinearStates:
         self.fused_decode = fused_decode(self.device, list(self.modules.values()), self.kernels)
         self.num_slots = num_slots
         self.scratch = num_slots
+        self.snapshots = None  # the prefix cache's `StateSnapshots`, attached by the engine when it has one
         self.conv, self.recurrent = self.allocate(num_slots + 1)
         self._slot_of: dict[int, int] = {}  # request id -> slot
         self._free = list(range(num_slots - 1, -1, -1))
@@ -127,8 +128,17 @@ class LinearStates:
         conv = int(np.prod(self.conv_shape)) * torch.empty((), dtype=self.dtype).element_size()
         return len(self.layers) * (conv + int(np.prod(self.recurrent_shape)) * 4)
 
-    def data_ptrs(self) -> tuple[int, int]:
-        return self.conv.data_ptr(), self.recurrent.data_ptr()
+    def data_ptrs(self) -> tuple:
+        """Where the states live, and the snapshots that captured decode steps write (`snapshots_in_kernel`)."""
+        snaps = self.snapshots
+        held = snaps is not None and snaps.conv is not None
+        return (self.conv.data_ptr(), self.recurrent.data_ptr(),
+                *((snaps.conv.data_ptr(), snaps.recurrent.data_ptr()) if held else ()))
+
+    def snapshots_in_kernel(self, snapshots) -> bool:
+        """Whether decode rows write their page-boundary snapshots inside the fused kernel (one more write of the
+        state) rather than through a gather and a scatter after the step."""
+        return self.fused_decode is not None and snapshots is not None
 
     # -- planning ------------------------------------------------------------------------------------
     def plan(self, batch, running, page_size: int, snapshots=None) -> "StepPlan":
@@ -136,6 +146,7 @@ class LinearStates:
         forward, and snapshots taken at the page boundaries the step reaches (`snapshots`: the prefix cache's
         snapshot pool, None without one)."""
         plan = StepPlan(self, snapshots)
+        in_kernel = self.snapshots_in_kernel(snapshots)
         if snapshots is not None:
             snapshots.begin_step()
         slots, row = [], 0
@@ -154,23 +165,29 @@ class LinearStates:
             snap = -1
             if boundary > start and snapshots is not None:
                 snap = snapshots.take(seq.pages[boundary // page_size - 1], seq)
-            if n == 1 and not fresh:
+            single = n == 1 and not fresh
+            if single:
                 plan.single_rows.append(row)
                 plan.single_slots.append(slot)
+                if in_kernel:
+                    plan.single_snaps.append(snap)
             else:
                 plan.chunks.append(Chunk(row, n, slot, fresh, split, snap if split else -1))
-            if snap >= 0 and not split:
+            if snap >= 0 and not split and not (single and in_kernel):
                 plan.saves.append((slot, snap))
             row += n
         if self.kernels is not None and plan.chunks:
             plan.varlen = varlen_layout(plan.chunks, self.conv_shape[1])
         return plan
 
-    def static_plan(self, slots: torch.Tensor) -> "StepPlan":
-        """A captured decode step's plan: row i decodes from slot `slots[i]` (a buffer written before each
-        replay; padding rows hold the scratch slot)."""
-        plan = StepPlan(self, None)
+    def static_plan(self, slots: torch.Tensor, snaps: torch.Tensor) -> "StepPlan":
+        """A captured decode step's plan: row i decodes from slot `slots[i]` and, where snapshots are written in
+        the kernel, writes its snapshot `snaps[i]` (buffers written before each replay; padding rows hold the
+        scratch slot and no snapshot, -1)."""
+        in_kernel = self.snapshots_in_kernel(self.snapshots)
+        plan = StepPlan(self, self.snapshots if in_kernel else None)
         plan.single_slots_dev = slots
+        plan.single_snaps_dev = snaps if in_kernel else None
         plan.num_singles = slots.shape[0]
         return plan
 
@@ -242,6 +259,7 @@ class StepPlan:
     snapshots: object  # StateSnapshots or None
     single_rows: list[int] = field(default_factory=list)
     single_slots: list[int] = field(default_factory=list)
+    single_snaps: list[int] = field(default_factory=list)  # snapshot each single row writes in the kernel, -1: none
     chunks: list[Chunk] = field(default_factory=list)
     restores: list[tuple[int, int]] = field(default_factory=list)  # (snapshot, slot)
     saves: list[tuple[int, int]] = field(default_factory=list)  # (slot, snapshot)
@@ -249,6 +267,7 @@ class StepPlan:
     varlen: "VarlenLayout | None" = None  # the chunks' layout for the varlen kernels; None: per-sequence path
     num_singles: int = 0
     single_slots_dev: torch.Tensor | None = None
+    single_snaps_dev: torch.Tensor | None = None  # None: no snapshot written in the decode kernel
     single_rows_dev: torch.Tensor | None = None  # None: the singles are rows 0 .. num_singles - 1
 
     def parts(self) -> dict[str, np.ndarray]:
@@ -258,6 +277,8 @@ class StepPlan:
             out["lin_slots"] = np.array(self.single_slots, dtype=np.int64)
             if self.single_rows != list(range(len(self.single_rows))):
                 out["lin_rows"] = np.array(self.single_rows, dtype=np.int64)
+            if self.single_snaps:
+                out["lin_snaps"] = np.array(self.single_snaps, dtype=np.int64)
         if self.restores:
             out["lin_restore"] = np.array(self.restores, dtype=np.int64).T.reshape(-1)
         if self.saves:
@@ -273,6 +294,7 @@ class StepPlan:
         if self.num_singles:
             self.single_slots_dev = dev["lin_slots"]
             self.single_rows_dev = dev.get("lin_rows")
+            self.single_snaps_dev = dev.get("lin_snaps")
 
 
 def _packed_forward(self, hidden_states, *args, **kwargs):
@@ -306,7 +328,14 @@ def _core(self, plan: "StepPlan", mixed, g, beta):
     kernels = states.kernels
     rule = kernels.recurrent if kernels is not None else impl.torch_recurrent_gated_delta_rule
     fused = states.fused_decode
-    decode = functools.partial(fused, self) if fused is not None else functools.partial(_decode_rows, self, rule)
+    if fused is None:
+        decode = functools.partial(_decode_rows, self, rule)
+    elif plan.single_snaps_dev is None:
+        decode = functools.partial(fused, self)
+    else:  # page-boundary snapshots written by the kernel
+        snaps = plan.snapshots
+        decode = functools.partial(fused, self, snapshot=(snaps.conv[layer], snaps.recurrent[layer],
+                                                          plan.single_snaps_dev))
     if plan.num_singles == total:  # every row a decode: the graph path, and most eager steps
         return decode(mixed, g, beta, conv_states, rec_states, plan.single_slots_dev)
     core = mixed.new_empty(total, self.value_dim // self.head_v_dim, self.head_v_dim)

@@ -27,12 +27,13 @@ import triton.language as tl
 
 
 @triton.jit
-def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr,
-                       sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbeta_b, sbeta_h, ss_s, ss_h, so_b, so_h,
+def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr, snap_ptr, snaps_ptr,
+                       sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbeta_b, sbeta_h, ss_s, ss_h, so_b, so_h, sn_s,
                        scale, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
-                       BLOCK_V: tl.constexpr):
+                       BLOCK_V: tl.constexpr, HAS_SNAP: tl.constexpr):
     """Program (row, value head, block of Dv columns): each column of the state evolves on its own, so a block
-    of them needs only its slice of the state plus the whole q and k."""
+    of them needs only its slice of the state plus the whole q and k. With HAS_SNAP, a row whose `snaps` entry is
+    >= 0 also writes its new state there."""
     row = tl.program_id(0)
     h = tl.program_id(1)
     offs_k = tl.arange(0, BLOCK_K)
@@ -54,6 +55,10 @@ def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_pt
     delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
     s = s + k[:, None] * delta[None, :]
     tl.store(s_ptrs, s, mask=mask)
+    if HAS_SNAP:
+        snap = tl.load(snaps_ptr + row).to(tl.int64)
+        n_ptrs = snap_ptr + tl.maximum(snap, 0) * sn_s + h * ss_h + offs_k[:, None] * DV + offs_v[None, :]
+        tl.store(n_ptrs, s, mask=mask & (snap >= 0))
     out = tl.sum(s * q[:, None], axis=0)
     tl.store(out_ptr + row * so_b + h * so_h + offs_v, out.to(out_ptr.dtype.element_ty), mask=mask_v)
 
@@ -65,10 +70,13 @@ def delta_rule_config(rows: int, heads: int, dk: int, dv: int) -> dict:
     return {"block_v": block_v, "num_warps": max(1, min(8, triton.next_power_of_2(dk) * block_v // 1024))}
 
 
-def delta_rule_step(q, k, v, g, beta, state, slots, scale: float | None = None, config: dict | None = None):
+def delta_rule_step(q, k, v, g, beta, state, slots, scale: float | None = None, config: dict | None = None,
+                    snapshot: torch.Tensor | None = None, snaps: torch.Tensor | None = None):
     """Advance `state[slots[i]]` by row i's token in place; returns the output `[B, Hv, Dv]` in q's dtype.
     Any strides on the batch and head dims of q, k, v, g, beta (the last dim of q, k, v contiguous); the state's
-    `[Dk, Dv]` matrices contiguous."""
+    `[Dk, Dv]` matrices contiguous. With `snapshot` (laid out as `state`) and `snaps` `[B]`, row i's new state is
+    also written to `snapshot[snaps[i]]` where that is >= 0: the state at a page boundary, kept for the prefix
+    cache, for one more write instead of a gather and a scatter of it after the step."""
     rows, hk, dk = q.shape
     hv, dv = v.shape[1:]
     assert k.shape == q.shape and v.shape[0] == rows and hv % hk == 0, (q.shape, k.shape, v.shape)
@@ -76,23 +84,38 @@ def delta_rule_step(q, k, v, g, beta, state, slots, scale: float | None = None, 
     assert state.shape[1:] == (hv, dk, dv) and state.dtype == torch.float32, (state.shape, state.dtype)
     assert state.stride(3) == 1 and state.stride(2) == dv, "each state matrix must be contiguous"
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
+    has_snap = _check_snapshot(state, snapshot, snaps, rows)
     out = torch.empty((rows, hv, dv), dtype=q.dtype, device=q.device)
     if rows == 0:
         return out
     cfg = config or delta_rule_config(rows, hv, dk, dv)
     grid = (rows, hv, triton.cdiv(dv, cfg["block_v"]))
     _delta_rule_kernel[grid](
-        q, k, v, g, beta, state, slots, out, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-        v.stride(1), g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), state.stride(0), state.stride(1),
-        out.stride(0), out.stride(1), dk ** -0.5 if scale is None else scale, GROUP=hv // hk, DK=dk, DV=dv,
-        BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=cfg["block_v"], num_warps=cfg.get("num_warps", 4))
+        q, k, v, g, beta, state, slots, out, snapshot if has_snap else state, snaps if has_snap else slots,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
+        beta.stride(0), beta.stride(1), state.stride(0), state.stride(1), out.stride(0), out.stride(1),
+        snapshot.stride(0) if has_snap else 0, dk ** -0.5 if scale is None else scale, GROUP=hv // hk, DK=dk, DV=dv,
+        BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=cfg["block_v"], HAS_SNAP=has_snap,
+        num_warps=cfg.get("num_warps", 4))
     return out
 
 
+def _check_snapshot(state, snapshot, snaps, rows: int) -> bool:
+    """Whether a snapshot tensor is given, checked to share `state`'s layout within a slot."""
+    if snapshot is None:
+        return False
+    assert snaps is not None and snaps.shape == (rows,), (None if snaps is None else snaps.shape, rows)
+    assert snapshot.shape[1:] == state.shape[1:] and snapshot.dtype == state.dtype, (snapshot.shape, state.shape)
+    assert snapshot.stride()[1:] == state.stride()[1:], (snapshot.stride(), state.stride())
+    return True
+
+
 @triton.jit
-def _conv_kernel(x_ptr, conv_ptr, slots_ptr, w_ptr, bias_ptr, y_ptr, sx_b, sc_s, sc_c, sw_c, sy_b, channels,
-                 WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Program (row, block of channels): y = silu(window . w[:, :W] + x w[:, W] + bias); window <- window[1:] + x."""
+def _conv_kernel(x_ptr, conv_ptr, slots_ptr, w_ptr, bias_ptr, y_ptr, snap_ptr, snaps_ptr, sx_b, sc_s, sc_c, sw_c,
+                 sy_b, sn_s, channels, WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_SNAP: tl.constexpr):
+    """Program (row, block of channels): y = silu(window . w[:, :W] + x w[:, W] + bias); window <- window[1:] + x,
+    also written to `snap[snaps[row]]` with HAS_SNAP where that is >= 0."""
     row = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     offs_w = tl.arange(0, BLOCK_W)
@@ -114,37 +137,47 @@ def _conv_kernel(x_ptr, conv_ptr, slots_ptr, w_ptr, bias_ptr, y_ptr, sx_b, sc_s,
     shifted = tl.where(offs_w[None, :] == WIDTH - 1, x[:, None].to(shifted.dtype), shifted)
     tl.debug_barrier()
     tl.store(win_ptrs, shifted.to(conv_ptr.dtype.element_ty), mask=mask)
+    if HAS_SNAP:
+        snap = tl.load(snaps_ptr + row).to(tl.int64)
+        n_ptrs = snap_ptr + tl.maximum(snap, 0) * sn_s + offs_c[:, None] * sc_c + offs_w[None, :]
+        tl.store(n_ptrs, shifted.to(conv_ptr.dtype.element_ty), mask=mask & (snap >= 0))
 
 
-def conv_step(x, conv, slots, weight, bias=None, block_c: int = 256):
+def conv_step(x, conv, slots, weight, bias=None, block_c: int = 256, snapshot: torch.Tensor | None = None,
+              snaps: torch.Tensor | None = None):
     """SiLU of the depthwise causal conv of one token per row, `x [B, C]` after the window of its slot in
-    `conv [S, C, W]` (updated in place); `weight [C, 1, W + 1]` as `nn.Conv1d`'s. Returns `[B, C]` in x's dtype."""
+    `conv [S, C, W]` (updated in place); `weight [C, 1, W + 1]` as `nn.Conv1d`'s. Returns `[B, C]` in x's dtype.
+    `snapshot`, `snaps`: as `delta_rule_step`'s, for the shifted windows."""
     rows, channels = x.shape
     width = conv.shape[2]
     assert conv.shape[1] == channels and weight.shape == (channels, 1, width + 1), (x.shape, conv.shape, weight.shape)
     assert x.stride(1) == 1 and conv.stride(2) == 1 and weight.stride(2) == 1 and slots.shape == (rows,)
+    has_snap = _check_snapshot(conv, snapshot, snaps, rows)
     y = torch.empty((rows, channels), dtype=x.dtype, device=x.device)
     if rows == 0:
         return y
     block_c = min(block_c, triton.next_power_of_2(channels))
     _conv_kernel[(rows, triton.cdiv(channels, block_c))](
-        x, conv, slots, weight, bias if bias is not None else weight, y, x.stride(0), conv.stride(0),
-        conv.stride(1), weight.stride(0), y.stride(0), channels, WIDTH=width,
-        BLOCK_W=triton.next_power_of_2(width), BLOCK_C=block_c, HAS_BIAS=bias is not None,
-        num_warps=4 if block_c >= 256 else 1)
+        x, conv, slots, weight, bias if bias is not None else weight, y, snapshot if has_snap else conv,
+        snaps if has_snap else slots, x.stride(0), conv.stride(0), conv.stride(1), weight.stride(0), y.stride(0),
+        snapshot.stride(0) if has_snap else 0, channels, WIDTH=width, BLOCK_W=triton.next_power_of_2(width),
+        BLOCK_C=block_c, HAS_BIAS=bias is not None, HAS_SNAP=has_snap, num_warps=4 if block_c >= 256 else 1)
     return y
 
 
-def decode_rows(module, mixed, g, beta, conv_states, rec_states, slots):
+def decode_rows(module, mixed, g, beta, conv_states, rec_states, slots, snapshot=None):
     """`linear_state._decode_rows` for Triton: one token for each row of `mixed [B, conv_dim]` (the qkv projection)
     continuing from its slot, conv window and recurrent state updated in place. q, k and v are views of the conv
-    output: no copy between the two kernels. Returns the core output `[B, Hv, Dv]`."""
-    y = conv_step(mixed, conv_states, slots, module.conv1d.weight, module.conv1d.bias)
+    output: no copy between the two kernels. `snapshot`: `(conv, recurrent, snaps)`, this layer's snapshot tensors
+    and each row's snapshot index (-1: none), written with the new window and state. Returns the core output
+    `[B, Hv, Dv]`."""
+    snap_conv, snap_rec, snaps = snapshot if snapshot is not None else (None, None, None)
+    y = conv_step(mixed, conv_states, slots, module.conv1d.weight, module.conv1d.bias, snapshot=snap_conv, snaps=snaps)
     kd = module.key_dim
     q = y[:, :kd].unflatten(1, (-1, module.head_k_dim))
     k = y[:, kd:2 * kd].unflatten(1, (-1, module.head_k_dim))
     v = y[:, 2 * kd:].unflatten(1, (-1, module.head_v_dim))
-    return delta_rule_step(q, k, v, g, beta, rec_states, slots)
+    return delta_rule_step(q, k, v, g, beta, rec_states, slots, snapshot=snap_rec, snaps=snaps)
 
 
 def check_decode_rows(module, reference, rows: int = 3, seed: int = 0) -> str | None:
