@@ -35,7 +35,7 @@ script runs, no figure); there any error ends the run, on the GPU a failing part
 usage: python benchmarks/hybrid.py [--quick] [--skip-hf] [--parts decode,prefill,train] [--tokens 25000]
                                    [--steps 3] [--budget 300] [--smoke] [--step-times] [--cprofile] [--profile]
                                    [--train-profile] [--train-groups] [--train-compile] [--engine-eager]
-                                   [--passes 2] [--step-tokens 8192]
+                                   [--passes 2] [--step-tokens N]
 """
 
 from __future__ import annotations
@@ -213,7 +213,8 @@ def decode_part(model, sizes: Sizes, args, report: Report, device) -> None:
     prompts = random_prompts(n, plen, vocab)
     warm = random_prompts(n, plen, vocab, seed=99)  # the same shapes, no prefix-cache hit on the timed prompts
     start = time.perf_counter()
-    # A prefill budget of 8192 tokens a step admits 32 prompts of 256 at once, as in engine.py (`--step-tokens`).
+    # The engine's own prefill budget a step (32768 tokens for a hybrid model: 128 prompts of 256 at once) unless
+    # `--step-tokens` sets one (8192, as in engine.py, before 2026-12-02 ≈ 11:00 UTC).
     engine = Engine(model, EngineConfig(max_num_seqs=n, max_model_len=plen + new + 64,
                                         max_tokens_per_step=args.step_tokens,
                                         compile=False if args.engine_eager else None))
@@ -400,7 +401,8 @@ def main():
                     help="decode: timed passes of new prompts after the warm-up; the last is the table's row")
     ap.add_argument("--engine-eager", action="store_true",
                     help="decode: the engine view's decoder layers eager (compiled by default on CUDA)")
-    ap.add_argument("--step-tokens", type=int, default=8192, help="decode: the engine's max_tokens_per_step")
+    ap.add_argument("--step-tokens", type=int, default=None,
+                    help="decode: the engine's max_tokens_per_step (default: the engine's, by model)")
     ap.add_argument("--step-times", action="store_true", help="decode: the timed pass's steps by kind and time")
     ap.add_argument("--cprofile", action="store_true", help="decode: the timed pass under cProfile (host time)")
     ap.add_argument("--budget", type=float, default=300.0,

@@ -57,6 +57,11 @@ class EngineConfig:
     prefix cache keeps as resume points (see `agentrl.engine.state_snapshots`); None: `max_num_seqs`, as many as
     a quarter of the pool's budget holds. They are paid for out of the pool's budget (fewer pages), unless
     `num_pages` is given. 0 turns the prefix cache off for hybrid models.
+    `max_tokens_per_step`: the tokens one step schedules (decodes and prompt chunks together). None: by model,
+    `resolve_max_tokens_per_step`: 1024 for a dense model, whose steps that prefill replay one CUDA graph per token
+    bucket up to it; 32768 for a hybrid one, whose steps that prefill run eagerly and are bound by the host's work a
+    linear-attention layer (fla's launches), about the same for 8k tokens as for 32k, so fewer, larger steps prefill
+    faster (BENCHMARKS.md, hybrid decode by prefill budget).
     `max_model_len`, `eos_token_ids` and `seed`: in a run these follow from the rollout's `max_sample_tokens`,
     the chat format and the run's seed when left unset.
     """
@@ -67,7 +72,7 @@ class EngineConfig:
     gpu_memory_fraction: float = 0.3
     cpu_kv_memory_bytes: int = 256 << 20
     max_num_seqs: int = 128
-    max_tokens_per_step: int = 1024
+    max_tokens_per_step: int | None = None
     max_model_len: int | None = None
     enable_prefix_cache: bool = True
     eos_token_ids: tuple[int, ...] | None = None
@@ -84,12 +89,12 @@ class EngineConfig:
 
     def __post_init__(self):
         check_types(self, "engine")
-        for name in ("page_size", "max_num_seqs", "max_tokens_per_step", "cpu_kv_memory_bytes"):
+        for name in ("page_size", "max_num_seqs", "cpu_kv_memory_bytes"):
             require(getattr(self, name) >= 1, f"engine.{name}", "must be >= 1")
         require(self.state_snapshots is None or self.state_snapshots >= 0, "engine.state_snapshots", "must be >= 0")
         require(self.prefix_cache_max_age is None or self.prefix_cache_max_age >= 0, "engine.prefix_cache_max_age",
                 "must be >= 0 (or none for no bound)")
-        for name in ("num_pages", "kv_memory_bytes", "max_model_len"):
+        for name in ("num_pages", "kv_memory_bytes", "max_model_len", "max_tokens_per_step"):
             require(getattr(self, name) is None or getattr(self, name) >= 1, f"engine.{name}", "must be >= 1")
         require(0 < self.gpu_memory_fraction <= 1, "engine.gpu_memory_fraction", "must be in (0, 1]")
 
@@ -114,6 +119,17 @@ class EngineConfig:
             raise ValueError(f"a KV budget of {budget} bytes (after {snapshots} state snapshots) holds no page of "
                              f"{bytes_per_page} bytes")
         return pages, snapshots
+
+
+DENSE_STEP_TOKENS = 1024
+HYBRID_STEP_TOKENS = 32768
+
+
+def resolve_max_tokens_per_step(config: EngineConfig, hybrid: bool) -> int:
+    """`config.max_tokens_per_step`, else the default for the model's kind (see `EngineConfig`)."""
+    if config.max_tokens_per_step is not None:
+        return config.max_tokens_per_step
+    return HYBRID_STEP_TOKENS if hybrid else DENSE_STEP_TOKENS
 
 
 def resolve_eos_ids(config: EngineConfig, model, tokenizer=None) -> tuple[int, ...]:

@@ -50,7 +50,8 @@ import torch
 from agentrl.engine.attention import PagedStep, register, stepping
 from agentrl.engine.background import BackgroundMode
 from agentrl.engine.backends import make_backend
-from agentrl.engine.config import EngineConfig, resolve_eos_ids, resolve_max_model_len
+from agentrl.engine.config import (EngineConfig, resolve_eos_ids, resolve_max_model_len,
+                                   resolve_max_tokens_per_step)
 from agentrl.engine.cuda_graphs import DecodeGraphs, ForwardParts, MixedGraphs, graphs_supported
 from agentrl.engine.kv_pool import PagePool
 from agentrl.engine.kv_storage import KVStorage
@@ -99,6 +100,8 @@ class Engine(BackgroundMode):
         if compile_layers and self.tp is None:
             compile_decoder_layers(self.view)
         self.linear = LinearStates(self.view, geo, config.max_num_seqs) if geo.linear_layers else None
+        config = self.config = replace(config, max_tokens_per_step=resolve_max_tokens_per_step(
+            config, hybrid=self.linear is not None))
         self.eos_token_ids = resolve_eos_ids(config, model, tokenizer)
         self._stop_strings = StopStrings(tokenizer) if tokenizer is not None else None
         self._layer_slot = {layer: i for i, layer in enumerate(geo.attention_layers)}

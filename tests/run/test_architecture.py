@@ -137,7 +137,7 @@ def test_every_key_of_an_example_config_reaches_its_owner(path, tmp_path, capsys
     import yaml
 
     from agentrl.config import coerce
-    from agentrl.engine.config import EngineConfig
+    from agentrl.engine.config import DENSE_STEP_TOKENS, EngineConfig
     from agentrl.run.build import build_run
     from agentrl.run.config import TrainConfig
 
@@ -158,10 +158,11 @@ def test_every_key_of_an_example_config_reaches_its_owner(path, tmp_path, capsys
         assert run.driver.config is small.rollout
         assert run.trainer.config is small.trainer and run.trainer.loss_config is small.loss
         assert run.trainer.temperature == small.rollout.temperature
-        derived = {"max_model_len", "eos_token_ids", "seed", "compile"}
+        derived = {"max_model_len", "eos_token_ids", "seed", "compile", "max_tokens_per_step"}
         for f in dataclasses.fields(EngineConfig):
             if f.name not in derived:
                 assert getattr(run.engine.config, f.name) == getattr(small.engine, f.name), f.name
+        assert run.engine.config.max_tokens_per_step == (small.engine.max_tokens_per_step or DENSE_STEP_TOKENS)
         assert run.engine.max_model_len == small.rollout.max_sample_tokens
         for key, value in small.env.args.items():
             assert getattr(run.env, key) == value, key
