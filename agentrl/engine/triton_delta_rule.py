@@ -64,9 +64,13 @@ def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_pt
 
 
 def delta_rule_config(rows: int, heads: int, dk: int, dv: int) -> dict:
-    """Columns per program and warps. Wide blocks (32 columns) when the batch alone fills the GPU, narrow ones
-    (8) to spread a small batch over more programs; ~32 state elements per thread either way."""
-    block_v = min(triton.next_power_of_2(dv), 32 if rows * heads >= 512 else 8)
+    """Columns per program and warps. Wide blocks (64 columns, 2 warps) when the batch alone fills the GPU: the
+    fastest of `benchmarks/delta_rule_sweep.py` at 256 rows of 16 heads of 128 x 128 on an H200 (BENCHMARKS.md);
+    narrow ones (8) to spread a small batch over more programs, ~32 state elements per thread."""
+    if rows * heads >= 512:
+        block_v = min(triton.next_power_of_2(dv), 64)
+        return {"block_v": block_v, "num_warps": max(1, min(8, triton.next_power_of_2(dk) * block_v // 4096))}
+    block_v = min(triton.next_power_of_2(dv), 8)
     return {"block_v": block_v, "num_warps": max(1, min(8, triton.next_power_of_2(dk) * block_v // 1024))}
 
 
