@@ -90,7 +90,8 @@ def check_step(rows, hk, hv, dk, dv, config=None, dtype=torch.float32, device="c
 @in_interpreter
 @pytest.mark.parametrize("hk,hv", [(2, 4), (2, 2)])
 @pytest.mark.parametrize("dk,dv", [(16, 16), (32, 16), (16, 32), (24, 40)])  # 24, 40: masked blocks
-@pytest.mark.parametrize("config", [None, {"block_v": 8, "num_warps": 1}], ids=["default", "blocks-of-8"])
+@pytest.mark.parametrize("config", [None, {"block_v": 8, "num_warps": 1}, {"block_v": 64, "num_warps": 2}],
+                         ids=["default", "blocks-of-8", "full-batch-blocks"])
 def test_delta_rule_step_matches_transformers_rule(hk, hv, dk, dv, config):
     check_step(5, hk, hv, dk, dv, config)
 
