@@ -278,16 +278,27 @@ PY
     # #16: with the trainer in graphs the RL step waits on generation: the engine's floor beside the trainer's rows
     overlap-graphs) TAIL=12 run "$1" 300 python3 benchmarks/overlap.py --steps 12 --warmup 4 \
         --rows generate,shared,paused,alone ;;
+    # #15: the fused decode kernels at full-batch blocks (64 columns, 2 warps; 5f4bac3) against transformers' rule
+    # on CUDA (64 rows x 16 heads take them), and the engine with the kernel-written snapshots against the gathered
+    # rule; then the decode table with today's defaults, `generate` beside it (38.9% at 11:12 UTC without it), and the
+    # delta rule's block sweep again
+    hybrid-defaults) TAIL=30 run "$1" 400 sh -c "python3 -m pytest -m gpu tests/engine/test_triton_delta_rule.py \
+        tests/engine/test_engine_hybrid_varlen.py -q -rA --tb=short -p no:cacheprovider -p no:warnings; python3 \
+        benchmarks/hybrid.py --parts decode --step-times && python3 benchmarks/delta_rule_sweep.py" ;;
+    # #15: the hybrid train step with the shipped Triton (fla's own backward), with the profile of one agentrl step:
+    # where the 9.8% MFU goes (never profiled)
+    hybrid-train-profile) shipped_triton && TAIL=60 run "$1" 500 env PYTHONPATH="$TRITON_PATH" python3 \
+        benchmarks/hybrid.py --parts train --quick --train-profile --skip-hf ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac
 }
 items=("$@")
-# 2026-12-02 08:56 UTC: smollm2-mfu measured (29.0%), the fp32 hybrid test passes (well-conditioned model), the conv
-# and three-step hybrid tests pass under the shipped Triton. Left: the #16 re-runs on today's code, which read the
-# embedded SmolLM2 (carry .gpu-bundle/model-a and model-b in two calls first), and hybrid-prefix, which needs the
-# shipped Triton (.gpu-bundle/triton's manifest and four parts, one call each); a fresh machine's start costs up to
-# 220 s of device time, so keep one machine warm across all of these calls
-[ ${#items[@]} -eq 0 ] && items=(vs-trl long-run hybrid-prefix)
+# 2026-12-02 11:14 UTC: vs-trl (29.9x) and long-run (passed) re-run on e3acdec; hybrid decode at 38.9% with today's
+# defaults. Left: hybrid-defaults (the kernel tests at the new blocks first; carry .gpu-bundle/wheels and
+# kernel-cache), then the items that need the shipped Triton (.gpu-bundle/triton's manifest and four parts, one call
+# each): hybrid-prefix, hybrid-train-profile. A fresh machine's start costs 90-220 s of device time, and a machine
+# left idle 30 s is gone: keep the calls back to back
+[ ${#items[@]} -eq 0 ] && items=(hybrid-defaults hybrid-prefix hybrid-train-profile)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4
