@@ -33,6 +33,27 @@ def test_hybrid_greedy_matches_hf_generate(hybrid, config):
         assert engine.stats.preemptions > 0
 
 
+def test_hybrid_default_step_budget_prefills_every_prompt_in_one_step(hybrid):
+    """Unset, a hybrid engine's step budget is `HYBRID_STEP_TOKENS` (its prefill steps run eagerly, bound by the
+    host's work a layer, so fewer and larger ones are faster) and a dense engine's `DENSE_STEP_TOKENS`; set, it is
+    the config's. Twelve prompts of 150-200 tokens (more than a dense engine's budget) then prefill in one step, with
+    the tokens of the smaller budget's several."""
+    from agentrl.engine.config import DENSE_STEP_TOKENS, HYBRID_STEP_TOKENS
+
+    model = hybrid[0]
+    prompts = random_prompts(12, 150, 200, seed=9)
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    engine = Engine(model, EngineConfig(num_pages=256))
+    assert engine.config.max_tokens_per_step == engine.scheduler.max_tokens == HYBRID_STEP_TOKENS
+    outs = engine.generate(prompts, params)
+    assert engine.stats.steps == params.max_new_tokens  # one step prefills all and samples each first token
+    small = Engine(model, EngineConfig(num_pages=256, max_tokens_per_step=DENSE_STEP_TOKENS))
+    assert [o.token_ids for o in small.generate(prompts, params)] == [o.token_ids for o in outs]
+    assert small.stats.steps > params.max_new_tokens + 1
+    dense, _ = load_model("tiny-qwen3")
+    assert Engine(dense, EngineConfig(num_pages=64)).config.max_tokens_per_step == DENSE_STEP_TOKENS
+
+
 def test_hybrid_sampled_logprobs_and_release(hybrid):
     model, prompts, _ = hybrid
     params = [SamplingParams(max_new_tokens=16, temperature=1.0, seed=i) for i in range(len(prompts))]
