@@ -219,15 +219,13 @@ class LinearStates:
             self.recurrent.index_fill_(1, plan.dev["lin_fresh"], 0)
         if plan.restores:
             snaps, slots = plan.dev["lin_restore"].view(2, -1)
-            self.conv.index_copy_(1, slots, plan.snapshots.conv.index_select(1, snaps))
-            self.recurrent.index_copy_(1, slots, plan.snapshots.recurrent.index_select(1, snaps))
+            _copy_states((self.conv, self.recurrent), slots, (plan.snapshots.conv, plan.snapshots.recurrent), snaps)
 
     def after(self, plan: "StepPlan") -> None:
         """Copy the states that ended on a page boundary into their snapshots."""
         if plan.saves:
             slots, snaps = plan.dev["lin_save"].view(2, -1)
-            plan.snapshots.conv.index_copy_(1, snaps, self.conv.index_select(1, slots))
-            plan.snapshots.recurrent.index_copy_(1, snaps, self.recurrent.index_select(1, slots))
+            _copy_states((plan.snapshots.conv, plan.snapshots.recurrent), snaps, (self.conv, self.recurrent), slots)
 
     # -- memory --------------------------------------------------------------------------------------
     def release(self) -> None:
@@ -239,6 +237,15 @@ class LinearStates:
             conv, rec = self._saved
             self.conv, self.recurrent = conv.to(self.device), rec.to(self.device)
             self._saved = None
+
+
+def _copy_states(dst: tuple, dst_index: torch.Tensor, src: tuple, src_index: torch.Tensor) -> None:
+    """`dst[:, dst_index] = src[:, src_index]` for each pair of `[layers, n, ...]` state tensors, a layer at a time: the
+    gathered temporary is one layer's, not every layer's (a step that prefills 128 Qwen3.5-0.8B-shaped prompts to
+    a page boundary saves 128 whole states, 2.4 GB at once)."""
+    for d, s in zip(dst, src):
+        for layer in range(d.shape[0]):
+            d[layer].index_copy_(0, dst_index, s[layer].index_select(0, src_index))
 
 
 @dataclass
