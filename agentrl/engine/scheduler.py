@@ -11,6 +11,9 @@ Each step, in order:
    stall half way and thrash; its longest cached prefix of full pages is mapped, never its last token,
    which must run to yield logits. For a hybrid model (`resumable` set) the prefix is cut back to the deepest
    page with a linear-attention state snapshot, which the sequence resumes from (`Sequence.resume_page`).
+   A waiting sequence whose next uncached page is a prompt page that a running sequence is computing (the members
+   of a group sharing their prompt, submitted together) waits, letting others behind it in, until that page is
+   cached: the shared prompt is computed once, not once per member admitted in the same step.
 Prefill chunks share the step with decodes, so a long prompt never stalls the sequences already decoding.
 
 The engine schedules step n+1 while step n still runs on the device, so a sequence's last token may be a
@@ -138,14 +141,24 @@ class Scheduler:
                     break
                 batch.append(Scheduled(seq, seq.num_computed, n))
                 budget -= n
+        computing = self._prompt_pages_computing() if self.waiting else set()
+        deferred = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if seq.unresolved or not self._admit(seq):  # a placeholder can be fed only as a decode
+            if seq.unresolved:  # a placeholder can be fed only as a decode
+                break
+            admitted = self._admit(seq, computing)
+            if admitted is False:
                 break
             self.waiting.popleft()
+            if admitted is None:
+                deferred.append(seq)
+                continue
             n = self._grow_chunk(seq, min(seq.pending, budget))
             batch.append(Scheduled(seq, seq.num_computed, n))
             budget -= n
+            computing.update(self._uncached_prompt_keys(seq))
+        self.waiting.extendleft(reversed(deferred))
         return batch
 
     def advance(self, batch: list[Scheduled]) -> None:
@@ -186,7 +199,22 @@ class Scheduler:
             self._preempt(seq)
 
     # -- internals ------------------------------------------------------------------------------------
-    def _admit(self, seq: Sequence) -> bool:
+    def _uncached_prompt_keys(self, seq: Sequence) -> list[bytes]:
+        """Keys of `seq`'s full prompt pages not advertised in the prefix cache yet (computed or to be)."""
+        full = seq.prompt_len // self.page_size
+        return seq.keys(full, self.page_size)[seq.num_registered:full] if seq.num_registered < full else []
+
+    def _prompt_pages_computing(self) -> set[bytes]:
+        """Prompt pages running sequences compute (or computed without advertising them yet, their step's results
+        still on the way): a waiting sequence that needs one next is better off waiting for it than computing it
+        again (`_admit`). Only the prefix cache advertises pages."""
+        if not self.pool.enable_prefix_cache:
+            return set()
+        return {key for seq in self.running for key in self._uncached_prompt_keys(seq)}
+
+    def _admit(self, seq: Sequence, computing: set[bytes] = frozenset()) -> bool | None:
+        """Admit `seq` onto its longest usable cached prefix: True; False when the pool cannot take the rest of it;
+        None (nothing taken) when its next page is among `computing`, which a running sequence will advertise."""
         ps = self.page_size
         usable = (len(seq.tokens) - 1) // ps  # the last token always runs, to give the next token's logits
         keys = seq.keys(usable, ps)
@@ -195,6 +223,9 @@ class Scheduler:
             keep = next((i + 1 for i in range(len(matched) - 1, -1, -1) if self.resumable(matched[i])), 0)
             self.pool.release(matched[keep:])
             matched = matched[:keep]
+        if len(matched) < usable and keys[len(matched)] in computing:
+            self.pool.release(matched)
+            return None
         if self.pool.pages_for(len(seq.tokens)) - len(matched) > self.pool.num_free:
             self.pool.release(matched)
             return False

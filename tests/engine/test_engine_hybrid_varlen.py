@@ -102,8 +102,9 @@ def gathered(layout: VarlenLayout) -> VarlenLayout:
     return VarlenLayout({**layout.parts, "lin_chunk_rows": np.arange(start, stop)}, layout.tokens, None)
 
 
-@pytest.mark.parametrize("page_size,budget,rows", [(8, 40, "sliced"), (16, 256, "sliced"), (8, 40, "gathered")],
-                         ids=["small-pages-chunked", "ample", "rows-gathered"])
+@pytest.mark.parametrize("page_size,budget,rows", [(8, 40, "sliced"), (16, 256, "sliced"), (8, 40, "gathered"),
+                                                   (8, 24, "sliced")],
+                         ids=["small-pages-chunked", "ample", "rows-gathered", "tiny-budget"])
 def test_varlen_path_equals_the_per_sequence_path_bit_for_bit(model, monkeypatch, page_size, budget, rows):
     impl = sys.modules[type(next(m for m in model.modules() if hasattr(m, "in_proj_b"))).__module__]
     layouts = []
@@ -128,7 +129,7 @@ def test_varlen_path_equals_the_per_sequence_path_bit_for_bit(model, monkeypatch
     parts = [layout.parts for layout in layouts]
     assert max(calls) > 1 and any(p["lin_chunk_slots"].size > 1 for p in parts)
     assert any("lin_p2" in p for p in parts) and any("lin_snap_ids" in p for p in parts)
-    if page_size == 16:  # a snapshot window reaching back into the slot's window (a boundary < 3 tokens in)
+    if budget == 24:  # a snapshot window reaching back into the slot's window (a boundary < 3 tokens in)
         assert any("lin_snap_in_x" in p and not p["lin_snap_in_x"].all() for p in parts)
     fresh = [(p["lin_fresh"].size if "lin_fresh" in p else 0, p["lin_chunk_slots"].size) for p in parts]
     assert any(n for n, _ in fresh) and any(n < chunks for n, chunks in fresh)

@@ -98,6 +98,29 @@ def test_a_shared_prompt_is_computed_again_under_new_weights_past_max_age(max_ag
     engine.pool.check()
 
 
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen3.5"])
+def test_a_group_submitted_together_computes_its_shared_prompt_once(name):
+    """Eight members of a group share a 100-token prompt (plus one token of their own) and arrive in one batch with
+    room for all in one step: the first computes the prompt, the others wait for its pages (a hybrid: and its state
+    snapshot) and prefill only their own tail, each member's tokens and logprobs those of the cache off. Another
+    group's members, behind them in the queue, are admitted meanwhile."""
+    model = load_model(name)[0]
+    params = [SamplingParams(max_new_tokens=5, temperature=1.0, seed=i, ignore_eos=True) for i in range(16)]
+    shared, other = random_prompts(2, 100, 101, seed=11)
+    prompts = [shared + [i + 1] for i in range(8)] + [other + [i + 1] for i in range(8)]
+    config = dict(num_pages=256, page_size=16, max_tokens_per_step=4096)
+    engine = Engine(model, EngineConfig(**config))
+    outs = engine.generate(prompts, params)
+    refs = Engine(model, EngineConfig(**config, enable_prefix_cache=False)).generate(prompts, params)
+    assert [o.token_ids for o in outs] == [r.token_ids for r in refs]
+    torch.testing.assert_close(torch.tensor([o.logprobs for o in outs]), torch.tensor([r.logprobs for r in refs]),
+                               atol=1e-5, rtol=0)
+    # Each group's prompt once (101 tokens), each other member its last 5 (the 6 full pages from the cache)
+    assert engine.stats.prefilled_tokens == 2 * (101 + 7 * 5)
+    assert [o.cached_tokens for o in outs] == 2 * ([0] + [96] * 7)
+    assert engine.stats.steps < 2 * params[0].max_new_tokens  # the groups overlap, the followers one step behind
+
+
 def test_page_keys_chain_the_whole_prefix():
     keys = chain_keys([1, 2, 3, 4, 5, 6, 7], 2)
     assert len(keys) == 3 and len(set(keys)) == 3 and all(len(k) == 16 for k in keys)  # the partial page has none
