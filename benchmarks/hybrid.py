@@ -35,7 +35,7 @@ script runs, no figure); there any error ends the run, on the GPU a failing part
 usage: python benchmarks/hybrid.py [--quick] [--skip-hf] [--parts decode,prefill,train] [--tokens 25000]
                                    [--steps 3] [--budget 300] [--smoke] [--step-times] [--cprofile] [--profile]
                                    [--train-profile] [--train-groups] [--train-compile] [--engine-eager]
-                                   [--passes 2] [--step-tokens N]
+                                   [--engine-unfused] [--passes 2] [--step-tokens N]
 """
 
 from __future__ import annotations
@@ -217,7 +217,8 @@ def decode_part(model, sizes: Sizes, args, report: Report, device) -> None:
     # `--step-tokens` sets one (8192, as in engine.py, before 2026-12-02 ≈ 11:00 UTC).
     engine = Engine(model, EngineConfig(max_num_seqs=n, max_model_len=plen + new + 64,
                                         max_tokens_per_step=args.step_tokens,
-                                        compile=False if args.engine_eager else None))
+                                        compile=False if args.engine_eager else None,
+                                        fuse_projections=not args.engine_unfused))
     # The warm-up runs the timed pass's whole length: Triton kernels specialise on the contexts they meet (a first
     # run on a fresh machine compiled 29 of them inside the timed pass after a 16-token warm-up). Even so, a fresh
     # machine's first timed pass still compiled (BENCHMARKS.md), so `--passes 2` (the default) times a pass of new
@@ -401,6 +402,8 @@ def main():
                     help="decode: timed passes of new prompts after the warm-up; the last is the table's row")
     ap.add_argument("--engine-eager", action="store_true",
                     help="decode: the engine view's decoder layers eager (compiled by default on CUDA)")
+    ap.add_argument("--engine-unfused", action="store_true",
+                    help="decode: each projection its own GEMM (fused groups by default: engine.fuse_projections)")
     ap.add_argument("--step-tokens", type=int, default=None,
                     help="decode: the engine's max_tokens_per_step (default: the engine's, by model)")
     ap.add_argument("--step-times", action="store_true", help="decode: the timed pass's steps by kind and time")

@@ -291,16 +291,23 @@ PY
     # minutes on a cold cache
     hybrid-train-profile) shipped_triton && TAIL=60 run "$1" 560 env PYTHONPATH="$TRITON_PATH" python3 \
         benchmarks/hybrid.py --parts train --train-profile --train-compile --skip-hf ;;
+    # #15/#16: the engine's fused projections (on by default since 2026-12-02 ≈ 13:00 UTC, never measured on a GPU:
+    # an MLP's gate and up, a delta net's four input projections as one GEMM each, over the model's own re-pointed
+    # parameters): the hybrid decode table fused and unfused, then the dense 512-prompt table both ways, one call
+    fused-projections) TAIL=40 run "$1" 560 sh -c "python3 benchmarks/hybrid.py --parts decode --skip-hf \
+        --step-times && python3 benchmarks/hybrid.py --parts decode --skip-hf --step-times --engine-unfused && \
+        python3 benchmarks/engine.py --skip-multi-turn --skip-hf && python3 benchmarks/engine.py --skip-multi-turn \
+        --skip-hf --engine-unfused" ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac
 }
 items=("$@")
 # 2026-12-02 11:14 UTC: vs-trl (29.9x) and long-run (passed) re-run on e3acdec; hybrid decode at 38.9% with today's
-# defaults. Left: hybrid-defaults (the kernel tests at the new blocks first; carry .gpu-bundle/wheels and
-# kernel-cache), then the items that need the shipped Triton (.gpu-bundle/triton's manifest and four parts, one call
+# defaults. Left: hybrid-defaults (the kernel tests at the new blocks first, with the fused projections; carry
+# .gpu-bundle/wheels and kernel-cache), fused-projections, then the items that need the shipped Triton (.gpu-bundle/triton's manifest and four parts, one call
 # each): hybrid-prefix, hybrid-train-profile. A fresh machine's start costs 90-220 s of device time, and a machine
 # left idle 30 s is gone: keep the calls back to back
-[ ${#items[@]} -eq 0 ] && items=(hybrid-defaults hybrid-prefix hybrid-train-profile)
+[ ${#items[@]} -eq 0 ] && items=(hybrid-defaults fused-projections hybrid-prefix hybrid-train-profile)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4

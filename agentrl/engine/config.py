@@ -62,6 +62,9 @@ class EngineConfig:
     bucket up to it; 32768 for a hybrid one, whose steps that prefill run eagerly and are bound by the host's work a
     linear-attention layer (fla's launches), about the same for 8k tokens as for 32k, so fewer, larger steps prefill
     faster (BENCHMARKS.md, hybrid decode by prefill budget).
+    `fuse_projections`: run a gated MLP's gate and up, and a gated delta net's four input projections, as one GEMM
+    each, by re-pointing the model's parameters at consecutive rows of one buffer per group (the same Parameter
+    objects and values; see `agentrl.engine.fused_projections`). Skipped under tensor parallelism.
     `max_model_len`, `eos_token_ids` and `seed`: in a run these follow from the rollout's `max_sample_tokens`,
     the chat format and the run's seed when left unset.
     """
@@ -86,6 +89,7 @@ class EngineConfig:
     compile: bool | None = None
     separate_stream: bool = False
     state_snapshots: int | None = None
+    fuse_projections: bool = True
 
     def __post_init__(self):
         check_types(self, "engine")

@@ -53,6 +53,7 @@ from agentrl.engine.backends import make_backend
 from agentrl.engine.config import (EngineConfig, resolve_eos_ids, resolve_max_model_len,
                                    resolve_max_tokens_per_step)
 from agentrl.engine.cuda_graphs import DecodeGraphs, ForwardParts, MixedGraphs, graphs_supported
+from agentrl.engine.fused_projections import FusedProjections
 from agentrl.engine.kv_pool import PagePool
 from agentrl.engine.kv_storage import KVStorage
 from agentrl.engine.linear_state import LinearStates
@@ -100,6 +101,9 @@ class Engine(BackgroundMode):
         if compile_layers and self.tp is None:
             compile_decoder_layers(self.view)
         self.linear = LinearStates(self.view, geo, config.max_num_seqs) if geo.linear_layers else None
+        # Before the trainer builds its optimizer or graphs: this re-points the model's own parameters.
+        self.fused = FusedProjections(self.view, self.linear.modules.values() if self.linear is not None else ()) \
+            if config.fuse_projections and self.tp is None else None
         config = self.config = replace(config, max_tokens_per_step=resolve_max_tokens_per_step(
             config, hybrid=self.linear is not None))
         self.eos_token_ids = resolve_eos_ids(config, model, tokenizer)
@@ -271,6 +275,8 @@ class Engine(BackgroundMode):
         if fills:
             extra["fill_rows"] = np.array([r for r, _ in fills] + [s for _, s in fills], dtype=np.int64)
         previous = self._in_flight.tokens if self._in_flight is not None else None
+        if self.fused is not None:
+            self.fused.refresh()
         st = self._stats
         linear = None
         if self.linear is not None:

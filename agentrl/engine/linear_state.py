@@ -47,6 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from agentrl.engine.fused_projections import linear_attention_inputs
 from agentrl.engine.linear_varlen import VarlenLayout, _qkv, _varlen_chunks, varlen_kernels, varlen_layout
 
 _REQUIRED = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "A_log", "dt_bias", "norm", "out_proj",
@@ -314,10 +315,10 @@ def _packed_forward(self, hidden_states, *args, **kwargs):
         raise RuntimeError("the engine's linear-attention forward was called without its step plan")
     x = hidden_states[0]  # the packed step is one row
     total = x.shape[0]
-    mixed = self.in_proj_qkv(x)  # [T, conv_dim]
-    z = self.in_proj_z(x).reshape(total, -1, self.head_v_dim)
-    beta = self.in_proj_b(x).sigmoid()
-    g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+    mixed, z, b, a = linear_attention_inputs(self, x)  # mixed: [T, conv_dim], its rows strided when fused
+    z = z.reshape(total, -1, self.head_v_dim)
+    beta = b.sigmoid()
+    g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
     core = _core(self, plan, mixed, g, beta)
     core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
     return self.out_proj(core.reshape(1, total, -1))

@@ -174,7 +174,7 @@ def _varlen_chunks(self, kernels: VarlenKernels, mixed, g, beta, conv_states, re
 
     d, width, channels = plan.dev, self.conv_kernel_size - 1, mixed.shape[1]
     slots, tokens = d["lin_chunk_slots"], plan.varlen.tokens
-    x = chunk_major(mixed, plan)  # [tokens, C]
+    x = chunk_major(mixed, plan).contiguous()  # [tokens, C]; rows of a fused projection's output are strided
     windows = conv_states.index_select(0, slots).to(x.dtype)  # [chunks, C, width]
     # fla's conv state is the kernel's width: its first column is never read
     fused = self.activation in ("silu", "swish")

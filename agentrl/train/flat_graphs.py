@@ -263,11 +263,22 @@ class FlatGraphs:
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()  # least recently replayed first
         self._seen: dict[tuple, int] = {}
         self._grads: list[torch.Tensor] | None = None
+        self._binding = self._addresses()
         # Gives the replay's output a grad_fn.
         self._anchor = torch.zeros((), requires_grad=True, device=self.params[0].device)
         self.counts = {"eager": 0, "captured": 0, "replayed": 0}
 
+    def _addresses(self) -> tuple:
+        return tuple(p.data_ptr() for p in self.params)
+
     def __call__(self, inputs: FlatInputs) -> torch.Tensor:
+        binding = self._addresses()
+        if binding != self._binding:
+            # A graph reads each parameter at the address it was captured with: one that moved (re-pointed by the
+            # engine's fused projections, replaced by `.to()`) would be read stale. Every bucket starts afresh.
+            self._entries.clear()
+            self._seen.clear()
+            self._binding = binding
         key = inputs.key()
         entry = self._entries.get(key)
         if entry is None:

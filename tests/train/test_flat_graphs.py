@@ -344,3 +344,32 @@ def test_at_most_max_graphs_buckets_stay_captured_and_a_dropped_one_is_captured_
         assert len(graphs._entries) <= 1
     # short: eager, captured; long: eager, captured (short dropped); short: eager again, captured; long: eager
     assert graphs.counts == {"eager": 4, "captured": 3, "replayed": 3}
+
+
+def test_a_moved_parameter_drops_the_graphs_that_read_its_old_address():
+    """A capture that, like a CUDA graph, reads the parameters where they were when it was recorded: after the
+    parameters move (the engine's fused projections re-point them), no old replay may run."""
+    model = _model()
+    params = list(_decoder(model).parameters())
+
+    def address_bound_capture(fn, pool):
+        at_capture = [p.data_ptr() for p in params]
+
+        def replay():
+            assert [p.data_ptr() for p in params] == at_capture, "a graph replayed over moved parameters"
+            fn()
+        return replay
+
+    graphs = FlatGraphs(_decoder(model), pad_multiple=16, capture=address_bound_capture)
+    eager = FlatGraphs(_decoder(model), pad_multiple=16, capture=None)
+    batch = pack_samples(train_samples(300, [13, 9, 21]), row_tokens=64)
+    for step in range(4):
+        if step == 2:
+            with torch.no_grad():
+                for p in params:
+                    p.data = p.data * 1.01
+        got, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
+        want, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=eager)
+        assert torch.equal(got, want)
+    # eager, captured; moved: eager again, captured
+    assert graphs.counts == {"eager": 2, "captured": 2, "replayed": 2}
