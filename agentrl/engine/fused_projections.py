@@ -135,9 +135,11 @@ class FusedProjections:
                 self.groups.append((module, [module.gate_proj, module.up_proj]))
         for module in linear_modules:
             self.groups.append((module, [module.in_proj_qkv, module.in_proj_z, module.in_proj_b, module.in_proj_a]))
-        for module, linears in self.groups:
-            setattr(module, ATTR, fuse_rows(linears))
-        self._binding = self._addresses()
+        for _, linears in self.groups:
+            fuse_rows(linears)
+        # Each group's rows read after every group has moved: a parameter two groups share would have left the
+        # first group's buffer when the second moved it.
+        self._bind()
 
     @property
     def fused(self) -> int:
@@ -150,10 +152,10 @@ class FusedProjections:
     def refresh(self) -> None:
         """Re-derive each group's rows if a parameter moved since the last look (None where they no longer lie back
         to back): the engine never reads a buffer the parameters have left."""
-        binding = self._addresses()
-        if binding == self._binding:
-            return
+        if self._addresses() != self._binding:
+            self._bind()
+
+    def _bind(self) -> None:
         for module, linears in self.groups:
-            setattr(module, ATTR, spanning_view([lin.weight for lin in linears])
-                    if _fusable(linears) else None)
-        self._binding = binding
+            setattr(module, ATTR, spanning_view([lin.weight for lin in linears]) if _fusable(linears) else None)
+        self._binding = self._addresses()

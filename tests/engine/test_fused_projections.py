@@ -139,3 +139,19 @@ def test_spanning_view_needs_rows_back_to_back():
     assert spanning_view([a, c]) is None  # a gap
     assert spanning_view([b, a]) is None  # out of order
     assert spanning_view([a, b.clone()]) is None  # another storage
+
+
+def test_a_parameter_two_groups_share_leaves_the_first_unfused():
+    """Layer 1's gate is layer 0's (tied): fusing layer 1 moves it out of layer 0's buffer, so layer 0 runs its own
+    projections and both layers read the one tied weight."""
+    prompts = random_prompts(4, 20, 40, seed=9)
+    outputs = []
+    for fuse in (False, True):
+        model = load_model("tiny-qwen3")[0]
+        layers = model.model.layers
+        layers[1].mlp.gate_proj.weight = layers[0].mlp.gate_proj.weight
+        engine = Engine(model, EngineConfig(**CONFIG, fuse_projections=fuse))
+        if fuse:
+            assert [getattr(m, ATTR) is not None for m, _ in engine.fused.groups] == [False, True]
+        outputs.append(_generate(engine, prompts))
+    _assert_same_outputs(outputs[1], outputs[0])
