@@ -64,6 +64,8 @@ def main() -> None:
     chosen = delta_rule_config(rows, heads, dk, dv)
     configs = [{"block_v": b, "num_warps": w} for b in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8, 16)
                if dk * b // (32 * w) <= 256 and dk * b // (32 * w) >= 8]
+    # The launch order (the kernel's COLS_FIRST) for the wide blocks: one slot's states in address order
+    configs += [{**c, "cols_first": True} for c in configs if c["block_v"] >= 16]
     for cfg in [chosen] + [c for c in configs if c != chosen]:
         try:
             sec = timed(lambda: delta_rule_step(q, k, v, g, beta, state, slots, config=cfg), args.iters)
@@ -71,7 +73,8 @@ def main() -> None:
             print(f"| {cfg} | failed: {type(exc).__name__} | | |")
             continue
         mark = " (the engine's)" if cfg == chosen else ""
-        print(f"| block_v {cfg['block_v']}, {cfg['num_warps']} warps{mark} | {sec * 1e6:.1f} | "
+        order = ", columns first" if cfg.get("cols_first") else ""
+        print(f"| block_v {cfg['block_v']}, {cfg['num_warps']} warps{order}{mark} | {sec * 1e6:.1f} | "
               f"{moved / sec / 1e12:.2f} | {copy_s / sec:.0%} |", flush=True)
 
 

@@ -30,14 +30,20 @@ import triton.language as tl
 def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr, snap_ptr, snaps_ptr,
                        sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbeta_b, sbeta_h, ss_s, ss_h, so_b, so_h, sn_s,
                        scale, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
-                       BLOCK_V: tl.constexpr, HAS_SNAP: tl.constexpr):
+                       BLOCK_V: tl.constexpr, HAS_SNAP: tl.constexpr, COLS_FIRST: tl.constexpr):
     """Program (row, value head, block of Dv columns): each column of the state evolves on its own, so a block
     of them needs only its slice of the state plus the whole q and k. With HAS_SNAP, a row whose `snaps` entry is
-    >= 0 also writes its new state there."""
-    row = tl.program_id(0)
+    >= 0 also writes its new state there. COLS_FIRST: the grid is (column block, head, row), so programs launched
+    one after another walk one slot's states in address order, rather than the same block of every row's."""
+    if COLS_FIRST:
+        col = tl.program_id(0)
+        row = tl.program_id(2)
+    else:
+        row = tl.program_id(0)
+        col = tl.program_id(2)
     h = tl.program_id(1)
     offs_k = tl.arange(0, BLOCK_K)
-    offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_v = col * BLOCK_V + tl.arange(0, BLOCK_V)
     mask_k = offs_k < DK
     mask_v = offs_v < DV
     hk = h // GROUP
@@ -64,7 +70,7 @@ def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_pt
 
 
 def delta_rule_config(rows: int, heads: int, dk: int, dv: int) -> dict:
-    """Columns per program and warps. Wide blocks (64 columns, 2 warps) when the batch alone fills the GPU: the
+    """Columns per program and warps (and, optionally, `cols_first`: the launch order, see the kernel). Wide blocks (64 columns, 2 warps) when the batch alone fills the GPU: the
     fastest of `benchmarks/delta_rule_sweep.py` at 256 rows of 16 heads of 128 x 128 on an H200 (BENCHMARKS.md);
     narrow ones (8) to spread a small batch over more programs, ~32 state elements per thread."""
     if rows * heads >= 512:
@@ -93,13 +99,15 @@ def delta_rule_step(q, k, v, g, beta, state, slots, scale: float | None = None, 
     if rows == 0:
         return out
     cfg = config or delta_rule_config(rows, hv, dk, dv)
-    grid = (rows, hv, triton.cdiv(dv, cfg["block_v"]))
+    cols_first = cfg.get("cols_first", False)
+    blocks = triton.cdiv(dv, cfg["block_v"])
+    grid = (blocks, hv, rows) if cols_first else (rows, hv, blocks)
     _delta_rule_kernel[grid](
         q, k, v, g, beta, state, slots, out, snapshot if has_snap else state, snaps if has_snap else slots,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
         beta.stride(0), beta.stride(1), state.stride(0), state.stride(1), out.stride(0), out.stride(1),
         snapshot.stride(0) if has_snap else 0, dk ** -0.5 if scale is None else scale, GROUP=hv // hk, DK=dk, DV=dv,
-        BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=cfg["block_v"], HAS_SNAP=has_snap,
+        BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=cfg["block_v"], HAS_SNAP=has_snap, COLS_FIRST=cols_first,
         num_warps=cfg.get("num_warps", 4))
     return out
 
