@@ -135,6 +135,8 @@ class FusedProjections:
                 self.groups.append((module, [module.gate_proj, module.up_proj]))
         for module in linear_modules:
             self.groups.append((module, [module.in_proj_qkv, module.in_proj_z, module.in_proj_b, module.in_proj_a]))
+        # The view's own modules: nobody else re-assigns their Parameter objects, only (perhaps) their data
+        self._weights = [lin.weight for _, linears in self.groups for lin in linears]
         for _, linears in self.groups:
             fuse_rows(linears)
         # Each group's rows read after every group has moved: a parameter two groups share would have left the
@@ -147,7 +149,7 @@ class FusedProjections:
         return sum(getattr(module, ATTR) is not None for module, _ in self.groups)
 
     def _addresses(self) -> tuple:
-        return tuple(lin.weight.data_ptr() for _, linears in self.groups for lin in linears)
+        return tuple(map(torch.Tensor.data_ptr, self._weights))
 
     def refresh(self) -> None:
         """Re-derive each group's rows if a parameter moved since the last look (None where they no longer lie back
