@@ -1,6 +1,9 @@
 """The fused decode delta rule (`agentrl.engine.triton_delta_rule.delta_rule_step`) at a decode step's shape, over
 its block configurations, against a device copy of the same bytes. One H200 line per config.
 
+Configs: columns per program and warps; the wide ones again launched columns first and on a persistent grid
+(`triton_delta_rule._delta_rule_kernel`).
+
 Shape: Qwen3.5-0.8B's delta nets (16 key and 16 value heads of 128) at 256 sequences, each row's fp32 state read and
 written in place (268 MB each way a layer); the engine's own choice (`delta_rule_config`) is marked. The copy row
 is `torch.Tensor.copy_` of a tensor of the state's size into another: the bandwidth a kernel that reads and writes
@@ -64,8 +67,11 @@ def main() -> None:
     chosen = delta_rule_config(rows, heads, dk, dv)
     configs = [{"block_v": b, "num_warps": w} for b in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8, 16)
                if dk * b // (32 * w) <= 256 and dk * b // (32 * w) >= 8]
-    # The launch order (the kernel's COLS_FIRST) for the wide blocks: one slot's states in address order
-    configs += [{**c, "cols_first": True} for c in configs if c["block_v"] >= 16]
+    # The launch order (the kernel's COLS_FIRST) for the wide blocks: one slot's states in address order; and the
+    # persistent grid (a loop over tiles in that order, the next tile's state loaded while this one's is stored)
+    configs += [{**c, "cols_first": True} for c in configs if c["block_v"] >= 32]
+    configs += [{"block_v": b, "num_warps": w, "programs_per_sm": p, "num_stages": n}
+                for b, w in ((64, 2), (64, 4), (32, 2)) for p in (2, 4, 8) for n in (2, 3)]
     for cfg in [chosen] + [c for c in configs if c != chosen]:
         try:
             sec = timed(lambda: delta_rule_step(q, k, v, g, beta, state, slots, config=cfg), args.iters)
@@ -74,6 +80,8 @@ def main() -> None:
             continue
         mark = " (the engine's)" if cfg == chosen else ""
         order = ", columns first" if cfg.get("cols_first") else ""
+        if cfg.get("programs_per_sm"):
+            order = f", persistent: {cfg['programs_per_sm']} programs an SM, {cfg['num_stages']} stages"
         print(f"| block_v {cfg['block_v']}, {cfg['num_warps']} warps{order}{mark} | {sec * 1e6:.1f} | "
               f"{moved / sec / 1e12:.2f} | {copy_s / sec:.0%} |", flush=True)
 

@@ -278,13 +278,16 @@ PY
     # #16: with the trainer in graphs the RL step waits on generation: the engine's floor beside the trainer's rows
     overlap-graphs) TAIL=12 run "$1" 300 python3 benchmarks/overlap.py --steps 12 --warmup 4 \
         --rows generate,shared,paused,alone ;;
-    # #15: the fused decode kernels at full-batch blocks (64 columns, 2 warps; 5f4bac3) against transformers' rule
-    # on CUDA (64 rows x 16 heads take them), and the engine with the kernel-written snapshots against the gathered
-    # rule; then the decode table with today's defaults, `generate` beside it (38.9% at 11:12 UTC without it), and the
-    # delta rule's block sweep again
+    # #15: the fused decode kernels at full-batch blocks (64 columns, 2 warps; 5f4bac3), columns first and persistent
+    # against transformers' rule on CUDA (64 rows x 16 heads take them), and the engine with the kernel-written
+    # snapshots against the gathered rule; then the decode table with today's defaults (the fused projections among
+    # them), `generate` beside it (38.9% at 11:12 UTC without it)
     hybrid-defaults) TAIL=30 run "$1" 400 sh -c "python3 -m pytest -m gpu tests/engine/test_triton_delta_rule.py \
         tests/engine/test_engine_hybrid_varlen.py -q -rA --tb=short -p no:cacheprovider -p no:warnings; python3 \
-        benchmarks/hybrid.py --parts decode --step-times && python3 benchmarks/delta_rule_sweep.py" ;;
+        benchmarks/hybrid.py --parts decode --step-times" ;;
+    # #15: the fused delta rule alone over its configs (half of a hybrid decode step, at 64% of a copy's bandwidth):
+    # block shapes, and since 2026-12-02 ≈ 13:00 UTC the launch order and a persistent grid (never run on a GPU)
+    delta-rule-sweep) TAIL=70 run "$1" 300 python3 benchmarks/delta_rule_sweep.py ;;
     # #15: the hybrid train step with the shipped Triton (fla's own backward) at the full 25k tokens a step (9.8% MFU
     # was --quick's 8k), its decoder layers eager (the default for hybrids) and compiled (never measured on a GPU),
     # with the profile of one agentrl step: where the time goes (never profiled). fla's bf16 backward compiles for
@@ -304,10 +307,11 @@ PY
 items=("$@")
 # 2026-12-02 11:14 UTC: vs-trl (29.9x) and long-run (passed) re-run on e3acdec; hybrid decode at 38.9% with today's
 # defaults. Left: hybrid-defaults (the kernel tests at the new blocks first, with the fused projections; carry
-# .gpu-bundle/wheels and kernel-cache), fused-projections, then the items that need the shipped Triton (.gpu-bundle/triton's manifest and four parts, one call
-# each): hybrid-prefix, hybrid-train-profile. A fresh machine's start costs 90-220 s of device time, and a machine
-# left idle 30 s is gone: keep the calls back to back
-[ ${#items[@]} -eq 0 ] && items=(hybrid-defaults fused-projections hybrid-prefix hybrid-train-profile)
+# .gpu-bundle/wheels and kernel-cache), fused-projections, delta-rule-sweep, then the items that need the shipped
+# Triton (.gpu-bundle/triton's manifest and four parts, one call each): hybrid-prefix, hybrid-train-profile. A
+# fresh machine's start costs 90-220 s of device time, and a machine left idle 30 s is gone: keep the calls back to
+# back
+[ ${#items[@]} -eq 0 ] && items=(hybrid-defaults fused-projections delta-rule-sweep hybrid-prefix hybrid-train-profile)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4
