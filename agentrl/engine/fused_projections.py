@@ -9,8 +9,9 @@ trainer, its optimizer (whose in-place steps now write into the buffer), checkpo
 what they saw before, and the engine's view multiplies by the buffer as a whole.
 
 Left alone: tensor-parallel parameters (DTensors, sharded module by module), projections with a bias, and groups
-of other dtypes or widths. Should a parameter be re-assigned later (`load_state_dict(assign=True)`, `.to()`),
-`FusedProjections.refresh`, run before every step, notices and that module goes back to its own projections.
+of other dtypes or widths. Should a parameter's data be replaced later (`.to()`, `param.data = ...`),
+`FusedProjections.refresh`, run before every step, notices and that module goes back to its own projections (a
+parameter replaced by another Parameter object is lost to the engine's view whatever this module does).
 """
 
 from __future__ import annotations
