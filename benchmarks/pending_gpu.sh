@@ -286,7 +286,7 @@ PY
         tests/engine/test_engine_hybrid_varlen.py -q -rA --tb=short -p no:cacheprovider -p no:warnings; python3 \
         benchmarks/hybrid.py --parts decode --step-times" ;;
     # #15: the fused delta rule alone over its configs (half of a hybrid decode step, at 64% of a copy's bandwidth):
-    # block shapes, and since 2026-12-02 ≈ 13:00 UTC the launch order and a persistent grid (never run on a GPU)
+    # block shapes, and since 2026-12-02 ≈ 12:50 UTC the launch order and a persistent grid (never run on a GPU)
     delta-rule-sweep) TAIL=70 run "$1" 300 python3 benchmarks/delta_rule_sweep.py ;;
     # #15: the hybrid train step with the shipped Triton (fla's own backward) at the full 25k tokens a step (9.8% MFU
     # was --quick's 8k), its decoder layers eager (the default for hybrids) and compiled (never measured on a GPU),
@@ -294,7 +294,7 @@ PY
     # minutes on a cold cache
     hybrid-train-profile) shipped_triton && TAIL=60 run "$1" 560 env PYTHONPATH="$TRITON_PATH" python3 \
         benchmarks/hybrid.py --parts train --train-profile --train-compile --skip-hf ;;
-    # #15/#16: the engine's fused projections (on by default since 2026-12-02 ≈ 13:00 UTC, never measured on a GPU:
+    # #15/#16: the engine's fused projections (on by default since 2026-12-02 ≈ 12:35 UTC, never measured on a GPU:
     # an MLP's gate and up, a delta net's four input projections as one GEMM each, over the model's own re-pointed
     # parameters): the hybrid decode table fused and unfused, then the dense 512-prompt table both ways, one call
     fused-projections) TAIL=40 run "$1" 560 sh -c "python3 benchmarks/hybrid.py --parts decode --skip-hf \
