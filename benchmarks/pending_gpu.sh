@@ -283,8 +283,8 @@ PY
     # snapshots against the gathered rule; then the decode table with today's defaults (the fused projections among
     # them), `generate` beside it (38.9% at 11:12 UTC without it)
     hybrid-defaults) TAIL=30 run "$1" 400 sh -c "python3 -m pytest -m gpu tests/engine/test_triton_delta_rule.py \
-        tests/engine/test_engine_hybrid_varlen.py -q -rA --tb=short -p no:cacheprovider -p no:warnings; python3 \
-        benchmarks/hybrid.py --parts decode --step-times" ;;
+        tests/engine/test_engine_hybrid_varlen.py tests/engine/test_fused_projections.py -q -rA --tb=short \
+        -p no:cacheprovider -p no:warnings; python3 benchmarks/hybrid.py --parts decode --step-times" ;;
     # #15: the fused delta rule alone over its configs (half of a hybrid decode step, at 64% of a copy's bandwidth):
     # block shapes, and since 2026-12-02 ≈ 12:50 UTC the launch order and a persistent grid (never run on a GPU)
     delta-rule-sweep) TAIL=70 run "$1" 300 python3 benchmarks/delta_rule_sweep.py ;;

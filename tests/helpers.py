@@ -69,7 +69,7 @@ def perturb_(model, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+            p.add_(torch.randn(p.shape, generator=g).to(p.device) * 0.05)
 
 
 # ---------------------------------------------------------------------- stand-in CUDA graphs (CPU)

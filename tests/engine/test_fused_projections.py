@@ -155,3 +155,31 @@ def test_a_parameter_two_groups_share_leaves_the_first_unfused():
             assert [getattr(m, ATTR) is not None for m, _ in engine.fused.groups] == [False, True]
         outputs.append(_generate(engine, prompts))
     _assert_same_outputs(outputs[1], outputs[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen3.5"])
+def test_fused_projections_on_cuda_with_graphs_and_compiled_layers(name):
+    """fp32 on CUDA with the engine's defaults there (compiled layers, decode graphs; the hybrid's fused decode
+    kernel): the fused engine against the unfused one on the same model, across an in-place update. Tokens equal,
+    logprobs within 1e-4, the bound of the other fp32 engine comparisons on CUDA (other GEMM kernels summing in
+    another order)."""
+    prompts = random_prompts(16, 3, 60, seed=12)
+    others = random_prompts(16, 3, 60, seed=13)
+    params = [SamplingParams(max_new_tokens=32, temperature=0, ignore_eos=True),
+              SamplingParams(max_new_tokens=32, temperature=1.0, seed=2, ignore_eos=True)]
+    params = [params[i % 2] for i in range(len(prompts))]
+    outputs = []
+    for fuse in (False, True):
+        model = load_model(name, device="cuda")[0]
+        engine = Engine(model, EngineConfig(num_pages=256, max_num_seqs=16, fuse_projections=fuse))
+        assert engine.graphs is not None and (engine.fused is not None) == fuse
+        first = engine.generate(prompts, params)
+        perturb_(model, seed=5)
+        engine.bump_version()
+        outputs.append(first + engine.generate(others, params))
+        assert engine.stats.graph_steps > 0
+    for got, want in zip(outputs[1], outputs[0]):
+        assert got.token_ids == want.token_ids
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-4, rtol=0)
