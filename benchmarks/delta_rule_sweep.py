@@ -2,7 +2,8 @@
 its block configurations, against a device copy of the same bytes. One H200 line per config.
 
 Configs: columns per program and warps; the wide ones again launched columns first and on a persistent grid
-(`triton_delta_rule._delta_rule_kernel`).
+(`triton_delta_rule._delta_rule_kernel`); the rows' slots shuffled, then the engine's config and its two launch
+variants with the slots in order, as the engine mostly has them.
 
 Shape: Qwen3.5-0.8B's delta nets (16 key and 16 value heads of 128) at 256 sequences, each row's fp32 state read and
 written in place (268 MB each way a layer); the engine's own choice (`delta_rule_config`) is marked. The copy row
@@ -72,13 +73,20 @@ def main() -> None:
     configs += [{**c, "cols_first": True} for c in configs if c["block_v"] >= 32]
     configs += [{"block_v": b, "num_warps": w, "programs_per_sm": p, "num_stages": n}
                 for b, w in ((64, 2), (64, 4), (32, 2)) for p in (2, 4, 8) for n in (2, 3)]
-    for cfg in [chosen] + [c for c in configs if c != chosen]:
+    # The engine's slots are mostly in order (slot i for its i-th sequence); these rows are shuffled. The engine's
+    # config and the two launch variants again with slots in order, last: whether the order of the slots is why the
+    # kernel measured faster inside the engine than here (BENCHMARKS.md, 2026-12-02 10:17).
+    ordered = torch.arange(rows, device=dev)
+    variants = [{**chosen, "cols_first": True}, {**chosen, "programs_per_sm": 4, "num_stages": 2}]
+    runs = [(cfg, slots, "") for cfg in [chosen] + [c for c in configs if c != chosen]]
+    runs += [(cfg, ordered, ", slots in order") for cfg in [chosen] + variants]
+    for cfg, rows_slots, slot_note in runs:
         try:
-            sec = timed(lambda: delta_rule_step(q, k, v, g, beta, state, slots, config=cfg), args.iters)
+            sec = timed(lambda: delta_rule_step(q, k, v, g, beta, state, rows_slots, config=cfg), args.iters)
         except Exception as exc:  # a config Triton refuses here (registers, shared memory)
             print(f"| {cfg} | failed: {type(exc).__name__} | | |")
             continue
-        mark = " (the engine's)" if cfg == chosen else ""
+        mark = (" (the engine's)" if cfg == chosen else "") + slot_note
         order = ", columns first" if cfg.get("cols_first") else ""
         if cfg.get("programs_per_sm"):
             order = f", persistent: {cfg['programs_per_sm']} programs an SM, {cfg['num_stages']} stages"
