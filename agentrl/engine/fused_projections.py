@@ -47,23 +47,18 @@ def spanning_view(weights: list[torch.Tensor]) -> torch.Tensor | None:
     return first.detach().as_strided((rows, cols), (cols, 1), first.storage_offset())
 
 
-def fuse_rows(linears: list[nn.Linear]) -> torch.Tensor | None:
+def fuse_rows(linears: list[nn.Linear]) -> None:
     """Re-point the weights of `linears` at consecutive rows of one new buffer (values unchanged, same Parameter
-    objects) unless they lie so already; returns the rows as one tensor (`spanning_view`), or None where the group
-    is not fusable (`_fusable`)."""
-    if not _fusable(linears):
-        return None
+    objects), unless they lie so already or the group is not fusable (`_fusable`)."""
     weights = [lin.weight for lin in linears]
-    view = spanning_view(weights)
-    if view is not None:
-        return view
+    if not _fusable(linears) or spanning_view(weights) is not None:
+        return
     with torch.no_grad():
         buffer = torch.cat([w.detach() for w in weights])
     row = 0
     for w in weights:
         w.data = buffer[row:row + w.shape[0]]
         row += w.shape[0]
-    return spanning_view(weights)
 
 
 # ---------------------------------------------------------------------------------------------------- forwards
@@ -93,8 +88,8 @@ def _is_gated_mlp(module) -> bool:
         and callable(getattr(module, "act_fn", None))
 
 
-def _same_as_own_forward(module, forward) -> bool:
-    """Whether `forward` computes `module`'s own forward, checked once per MLP class on a small stand-in (its three
+def _same_as_own_forward(module) -> bool:
+    """Whether `_mlp_forward` computes `module`'s own forward, checked once per MLP class on a small stand-in (its three
     weights swapped for random 16 x 8 ones on the CPU, in fp32, so the check costs nothing whatever the model's size
     and does not depend on its values): the patch assumes the gated form, which other arithmetic would silently
     break."""
@@ -109,7 +104,7 @@ def _same_as_own_forward(module, forward) -> bool:
         setattr(probe, ATTR, torch.cat([probe.gate_proj.weight, probe.up_proj.weight]).detach())
         x = torch.randn(3, 8, generator=gen)
         with torch.no_grad():
-            want, got = type(module).forward(probe, x), forward(probe, x)
+            want, got = type(module).forward(probe, x), _mlp_forward(probe, x)
     except Exception:  # a forward that reads more than the gated form does
         return False
     return want.shape == got.shape and bool(torch.allclose(want, got, rtol=1e-5, atol=1e-6))
@@ -127,7 +122,7 @@ class FusedProjections:
                 continue
             kind = type(module)
             if kind not in checked:
-                checked[kind] = _same_as_own_forward(module, _mlp_forward)
+                checked[kind] = _same_as_own_forward(module)
                 if not checked[kind]:
                     warnings.warn(f"{kind.__name__} is not the gated MLP the engine fuses; its projections run "
                                   "one by one", stacklevel=3)
