@@ -101,6 +101,18 @@ def delta_rule_kernel(model) -> str:
     return "fla" if implementation_module(fn).startswith("fla") else "torch"
 
 
+def backward_note(model, varlen: bool) -> str:
+    """Which backward the packed delta rule takes where it is not fla's own throughout."""
+    from agentrl.train import delta_rule_backward
+    from agentrl.train.linear_conv import _REFERENCE_RULE
+
+    if not varlen:
+        return ""
+    if any(getattr(m, _REFERENCE_RULE, False) for m in model.modules()):
+        return " (backward: transformers' reference rule, sample by sample)"
+    return " (backward: fla, its gated dq/dk/dw/dg kernel agentrl's PyTorch)" if delta_rule_backward.active() else ""
+
+
 @contextlib.contextmanager
 def torch_reference_kernels(model):
     """While active, the model's linear-attention layers run transformers' torch reference functions, as they do
@@ -284,7 +296,8 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
               else f"{rows} packed row(s) of <= {ROW_TOKENS}, each sample run on its own"
               + (" (varlen kernels refused by the boundary check)" if device.type == "cuda" else ""))
     attention = model.config._attn_implementation
-    kernel = f"{delta_rule_kernel(model)}{' varlen' if varlen else ''}, {attention}{', compiled layers' * compiled}"
+    kernel = f"{delta_rule_kernel(model)}{' varlen' if varlen else ''}{backward_note(model, varlen)}, {attention}" \
+             f"{', compiled layers' * compiled}"
     return {**result, "layout": layout, "kernel": kernel, "varlen": varlen}
 
 

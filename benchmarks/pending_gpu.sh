@@ -42,7 +42,8 @@ item() {
         -p no:warnings ;;
     # #16: the prefix-shared hybrid rows alone (never finished on a GPU: fla's bf16 backward compiles for minutes on a
     # cold cache), with the shipped Triton 3.7.1 (fla refuses its gated backward on Hopper under 3.6.0)
-    hybrid-prefix) shipped_triton && TAIL=12 run "$1" 500 env PYTHONPATH="$TRITON_PATH" python3 -m pytest -m gpu \
+    # (on the host's own Triton since agentrl's PyTorch gated backward stands in for the kernel fla refuses there)
+    hybrid-prefix) TAIL=12 run "$1" 500 python3 -m pytest -m gpu \
         tests/train/test_hybrid_gpu.py -k prefix -q -rA --tb=short -p no:cacheprovider -p no:warnings ;;
     hybrid-host) TAIL=30 run "$1" 200 python3 benchmarks/hybrid_host_cpu.py --device cuda --seqs 64 --steps 48 ;;
     hybrid-decode) TAIL=25 run "$1" 240 python3 benchmarks/hybrid.py --parts decode,prefill --step-times ;;
@@ -301,20 +302,25 @@ PY
         --step-times && python3 benchmarks/hybrid.py --parts decode --skip-hf --step-times --engine-unfused && \
         python3 benchmarks/engine.py --skip-multi-turn --skip-hf && python3 benchmarks/engine.py --skip-multi-turn \
         --skip-hf --engine-unfused" ;;
+    # #15: hybrid training on the host's own Triton 3.6, where fla refuses one gated backward kernel: agentrl's
+    # PyTorch version of that kernel in its place (2026-12-02 ≈ 14:00 UTC, never on a GPU; before it the whole rule
+    # ran through transformers' reference sample by sample: 1.6% MFU). Its GPU test against the reference rule and
+    # the three default steps first, then the train table at the full 25k tokens (the transformers rows with fla now
+    # run too), with the compiled-layers row and the kernels of one agentrl step
+    hybrid-train-stock) TAIL=60 run "$1" 560 sh -c "python3 -m pytest -m gpu tests/train/test_hybrid_gpu.py -k \
+        'torch_gated or three_default' -q -rA --tb=short -p no:cacheprovider -p no:warnings; python3 \
+        benchmarks/hybrid.py --parts train --train-profile --train-compile" ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac
 }
 items=("$@")
-# 2026-12-02 11:14 UTC: vs-trl (29.9x) and long-run (passed) re-run on e3acdec; hybrid decode at 38.9% with today's
-# defaults. Since then (CPU only): the fused projections and the in-step prompt dedup changed every run's engine, and
-# the trainer's graphs check their parameters' addresses. Left, in this order: hybrid-defaults (the kernel tests at
-# the new blocks first, with the fused projections; carry .gpu-bundle/wheels and kernel-cache); qwen-mfu (#16's one
-# unmet goal, 50%, with the host and backward fixes of 2026-12-02 03:30 never measured on a GPU); vs-trl and
-# long-run again (the defaults changed); fused-projections; delta-rule-sweep; then the items that need the shipped
-# Triton (.gpu-bundle/triton's manifest and four parts, one call each): hybrid-train-profile, hybrid-prefix. A fresh
+# 2026-12-02 13:25-13:52 UTC (BENCHMARKS.md): hybrid decode 42.4% (goal met), fused projections and kernel tests passed,
+# defaults 20.3x TRL, the 200-step test passed, Qwen3-0.6B 40.1% MFU. Left: hybrid-train-stock (agentrl's PyTorch
+# gated backward on the host's Triton, the #15 training goal's first measurement without shipping Triton),
+# hybrid-prefix (on the stock host too now), qwen-profile (where the Qwen3-0.6B step goes after today's fixes), and
+# hybrid-train-profile (fla's own backward under the shipped Triton 3.7.1: four parts, one call each). A fresh
 # machine's start costs 90-220 s of device time, and a machine left idle 30 s is gone: keep the calls back to back
-[ ${#items[@]} -eq 0 ] && items=(hybrid-defaults qwen-mfu vs-trl long-run fused-projections delta-rule-sweep \
-  hybrid-train-profile hybrid-prefix)
+[ ${#items[@]} -eq 0 ] && items=(hybrid-train-stock hybrid-prefix qwen-profile hybrid-train-profile)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4

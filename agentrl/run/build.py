@@ -36,6 +36,7 @@ from agentrl.run.distributed import ParallelRun, restore_rollout_state, warn
 from agentrl.run.interrupt import critical
 from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint
 from agentrl.train.config import ModelConfig
+from agentrl.train import delta_rule_backward
 from agentrl.train.linear_conv import install_wrappers, use_reference_delta_rule
 from agentrl.train.logprobs import is_hybrid, packed_backward_failure, packing_error, varlen_kernels_installed
 from agentrl.train.optim import retarget_schedule
@@ -130,6 +131,8 @@ def _trainable(cfg: ModelConfig, model, tokenizer, device: str):
             model.set_attn_implementation(attention_implementation(
                 dataclasses.replace(cfg, hybrid_varlen=False), model, device))
     if varlen:
+        # fla refuses one backward kernel on some Triton and GPU pairs: ours in its place, before the check below
+        delta_rule_backward.install()
         failure = packed_backward_failure(model)
         if failure is not None:
             # The forward is fine (checked above): keep the packed rows and swap only the delta rule.

@@ -206,3 +206,46 @@ def test_prefix_shared_rows_resume_each_prefix_state_through_fla():
     model = trainable(torch.bfloat16)
     assert prefix_sharing_unsupported(model) is None
     assert prefix_sharing_error(model) < 0.02
+
+
+def test_packed_gradients_through_the_torch_gated_backward_equal_the_reference_rules(monkeypatch):
+    """Where fla refuses its gated chunk backward (Hopper, Triton < 3.7.1), agentrl's PyTorch one stands in for that
+    one kernel (`agentrl.train.delta_rule_backward`); forced here on any GPU. fp32, the well-conditioned model, one
+    packed row: the parameter gradients equal those of the same row with the delta rule through transformers'
+    PyTorch reference sample by sample (`use_reference_delta_rule`, no fla kernel in its backward) within 1e-4 of
+    each gradient's scale, and the stand-in ran."""
+    import copy
+
+    from agentrl.train import delta_rule_backward
+    from agentrl.train.linear_conv import use_reference_delta_rule
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(delta_rule_backward, "refused_by_fla", lambda g: g is not None)
+    calls = []
+    own = delta_rule_backward.chunk_bwd_dqkwg
+    monkeypatch.setattr(delta_rule_backward, "chunk_bwd_dqkwg", lambda *a, **k: (calls.append(1), own(*a, **k))[1])
+    assert delta_rule_backward.install()
+    model = well_conditioned(torch.float32)
+    reference = copy.deepcopy(model)
+    use_reference_delta_rule(reference)
+    _, batch = packed_batch()
+    batch = batch.to("cuda")
+
+    def grads(m):
+        lp = logprobs.packed_token_logprobs(m, batch, hybrid_varlen=True,
+                                            pad_multiple=TrainerConfig().row_pad_multiple)[0]
+        names, params = zip(*m.named_parameters())
+        return lp, dict(zip(names, torch.autograd.grad(lp.sum(), params, allow_unused=True)))
+
+    got_lp, got = grads(model)
+    assert calls, "the packed backward did not go through agentrl's gated chunk backward"
+    n_calls = len(calls)
+    want_lp, want = grads(reference)
+    assert len(calls) == n_calls  # the reference row's backward never reached it
+    torch.testing.assert_close(got_lp, want_lp, atol=1e-5, rtol=1e-5)
+    for name, b in want.items():
+        a = got[name]
+        if b is None:
+            assert a is None or not a.any(), name
+            continue
+        assert (a - b).abs().max() <= 1e-4 * b.abs().max().clamp(min=1e-6), name

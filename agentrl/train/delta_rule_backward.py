@@ -1,0 +1,167 @@
+"""The gated delta rule's chunk backward (dq, dk, dw, dg) in PyTorch, for hosts where flash-linear-attention refuses
+its own kernel.
+
+flash-linear-attention (the `gpu` extra) trains a hybrid model's delta rule on packed rows with its chunked Triton
+kernels. One of them, the gated case of `chunk_bwd_dqkwg`, is miscompiled by Triton 3.4–3.7.0 on Hopper, so the
+package raises there instead (its issue #640) and names two ways out: Triton ≥ 3.7.1, which no torch release pins
+yet (torch 2.11 ships 3.6.0), or TileLang, a compiler of its own. Without either, agentrl used to swap the whole rule
+for transformers' PyTorch reference, sample by sample: exact, and a sixth of the packed kernels' throughput
+(BENCHMARKS.md, the hybrid train step).
+
+This module replaces only the refused kernel. It computes what the kernel computes, chunk by chunk, as batched
+matrix products over all chunks at once: per chunk of `chunk_size` tokens of one sequence, with the chunk's states
+`h` and their gradients `dh` from fla's other kernels,
+
+    dS = tril(do vᵀ ⊙ 2^(gᵢ - gⱼ)) · scale, cast to k's dtype
+    dq = scale · (do hᵀ) ⊙ 2^g + dS k
+    dk = (v dhᵀ) ⊙ 2^(g_last - g) + dSᵀ q
+    dw = -(dv hᵀ)
+    dg = Σ_k dq ⊙ q - Σ_k dk ⊙ k, and at the chunk's last token also
+         Σ h ⊙ dh · 2^g_last + Σ ((v dhᵀ) ⊙ 2^(g_last - g)) ⊙ k
+
+(g is the chunk-local cumulative gate in base 2, as fla keeps it; the caller applies the reverse cumsum). The casts
+follow the kernel's (its dot products take 16-bit inputs where it loads them, and accumulate in fp32), so bf16
+results agree to the kernel's own rounding. It is registered through fla's backend registry (`fla.backends`) for
+the case fla refuses and nothing else: every other kernel of the rule stays fla's, and a host with Triton ≥ 3.7.1
+or TileLang never calls it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+BACKEND_TYPE = "agentrl_torch"
+
+
+def chunk_bwd_dqkwg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, h: torch.Tensor,
+                    dh: torch.Tensor, w: torch.Tensor | None = None, g: torch.Tensor | None = None,
+                    g_gamma: torch.Tensor | None = None, dv: torch.Tensor | None = None, scale: float | None = None,
+                    state_v_first: bool = False, cu_seqlens: torch.Tensor | None = None, chunk_size: int = 64,
+                    chunk_indices: torch.Tensor | None = None):
+    """fla's `chunk_bwd_dqkwg` for the gated case (`g` given, `g_gamma` not), with its signature and results:
+    dq and dk `[B, T, H, K]` in q's dtype (summed over the value heads of each query head), dw like w (None without
+    w), dg `[B, T, HV]` in fp32, before the reverse cumsum."""
+    if g is None or g_gamma is not None:
+        raise NotImplementedError("agentrl's chunk_bwd_dqkwg covers the gated case (g given, no g_gamma)")
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K ** -0.5 if scale is None else scale
+    pos, valid, last = _chunks(B, T, chunk_size, cu_seqlens, chunk_indices, k.device)
+    nc = pos.shape[0]
+
+    def per_chunk(x, heads):  # [B, T, heads, D] -> [chunks, HV, BT, D], zero past each chunk's end (as masked loads)
+        x = x.reshape(B * T, heads, -1)[pos]
+        if heads != HV:
+            x = x.repeat_interleave(HV // heads, dim=2)
+        return (x * valid[:, :, None, None]).permute(0, 2, 1, 3)
+
+    f32 = torch.float32
+    qc, kc = per_chunk(q, H), per_chunk(k, H)
+    vc, doc = per_chunk(v, HV), per_chunk(do, HV)
+    gc = per_chunk(g.unsqueeze(-1), HV).squeeze(-1).to(f32)  # [chunks, HV, BT]
+    g_last = g.reshape(B * T, HV)[last].to(f32)  # [chunks, HV]: the gate at each chunk's last real token
+    hc, dhc = (x.reshape(nc, HV, *x.shape[-2:]) for x in (h, dh))
+    if state_v_first:  # [V, K] states: the products below take [K, V]
+        hc, dhc = hc.transpose(-1, -2), dhc.transpose(-1, -2)
+
+    dg_last = (hc.to(f32) * dhc.to(f32)).sum((-1, -2)) * torch.exp2(g_last)
+    dq = (doc.to(f32) @ hc.to(do.dtype).to(f32).transpose(-1, -2)) * torch.exp2(gc)[..., None] * scale
+    decay = torch.where(valid[:, None, :], torch.exp2(g_last[..., None] - gc), 0.0)
+    dk = (vc.to(f32) @ dhc.to(v.dtype).to(f32).transpose(-1, -2)) * decay[..., None]
+    dg_last = dg_last + (dk * kc.to(f32)).sum((-1, -2))
+
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=k.device).tril()
+    mask = causal & valid[:, None, :, None] & valid[:, None, None, :]
+    ds = doc.to(f32) @ vc.to(f32).transpose(-1, -2)
+    ds = torch.where(mask, ds * torch.exp2(gc[..., :, None] - gc[..., None, :]), 0.0) * scale
+    ds = ds.to(k.dtype).to(f32)
+    dq = dq + ds @ kc.to(f32)
+    dk = dk + ds.transpose(-1, -2) @ qc.to(f32)
+    dg = (dq * qc.to(f32)).sum(-1) - (dk * kc.to(f32)).sum(-1)
+    is_last = torch.arange(chunk_size, device=k.device) == (last - pos[:, 0])[:, None]  # [chunks, BT]
+    dg = dg + dg_last[..., None] * is_last[:, None, :]
+
+    # Back to token order: every token lies in exactly one chunk; the slots past a chunk's end go to a spare row.
+    dest = torch.where(valid, pos, B * T).flatten()
+
+    def to_tokens(x, dtype):  # [chunks, HV, BT, ...] -> [B, T, HV, ...]
+        rows = x.transpose(1, 2).flatten(0, 1)
+        out = rows.new_empty((B * T + 1, *rows.shape[1:]), dtype=dtype)
+        return out.index_copy_(0, dest, rows.to(dtype))[:-1].reshape(B, T, *rows.shape[1:])
+
+    dq, dk = to_tokens(dq, q.dtype), to_tokens(dk, q.dtype)
+    if H != HV:
+        dq = dq.view(B, T, H, HV // H, K).sum(3)
+        dk = dk.view(B, T, H, HV // H, K).sum(3)
+    dw = None
+    if w is not None:
+        dvc = per_chunk(dv, HV)
+        dw = to_tokens(-(dvc.to(v.dtype).to(f32) @ hc.to(v.dtype).to(f32).transpose(-1, -2)), w.dtype)
+    return dq, dk, dw, to_tokens(dg.unsqueeze(-1), f32).squeeze(-1)
+
+
+def _chunks(B: int, T: int, size: int, cu_seqlens, chunk_indices, device):
+    """Each chunk's token positions in the flattened `[B * T]` tokens `[chunks, size]`, which of them are real
+    (`valid`), and each chunk's last real token, in fla's chunk order (the order of its `h` and `dh`)."""
+    if cu_seqlens is None:
+        per_row = math.ceil(T / size)
+        row = torch.arange(B, device=device).repeat_interleave(per_row)
+        start = row * T + torch.arange(per_row, device=device).repeat(B) * size
+        end = row * T + T
+    else:
+        if chunk_indices is None:  # fla passes them; built here on the host otherwise
+            lens = cu_seqlens.diff().tolist()
+            chunk_indices = torch.tensor([(n, t) for n, length in enumerate(lens) for t in range(-(-length // size))],
+                                         dtype=torch.long, device=device).reshape(-1, 2)
+        seq, index = chunk_indices[:, 0].long(), chunk_indices[:, 1].long()
+        present = seq >= 0  # graph-captured layouts pad with sequence -1
+        seq = seq.clamp(min=0)
+        start = cu_seqlens[seq].long() + index * size
+        end = torch.where(present, cu_seqlens[seq + 1].long(), start)
+    pos = start[:, None] + torch.arange(size, device=device)
+    valid = pos < end[:, None]
+    last = (torch.minimum(start + size, end) - 1).clamp(min=0)
+    return pos.clamp(max=B * T - 1) * valid, valid, last
+
+
+def refused_by_fla(g) -> bool:
+    """Whether flash-linear-attention refuses its own gated `chunk_bwd_dqkwg` here (Hopper, Triton 3.4–3.7.0)."""
+    from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+
+    return g is not None and IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1
+
+
+def install() -> bool:
+    """Register `chunk_bwd_dqkwg` with flash-linear-attention's backend registry for the calls fla would refuse;
+    returns whether it is registered (False where fla, or its registry, is absent). Idempotent."""
+    try:
+        from fla.backends import BaseBackend, register
+    except ImportError:
+        return False
+
+    class TorchGatedBackward(BaseBackend):
+        backend_type = BACKEND_TYPE
+        priority = 6  # after TileLang's (5), which handles the same case where it is installed
+
+        def chunk_bwd_dqkwg_verifier(self, *args, g=None, g_gamma=None, **kwargs):
+            if g_gamma is not None or not refused_by_fla(g):
+                return False, "fla's own kernel handles this call"
+            return True, None
+
+        def chunk_bwd_dqkwg(self, *args, **kwargs):
+            return chunk_bwd_dqkwg(*args, **kwargs)
+
+    register("common")(TorchGatedBackward)  # replaces an earlier registration of the same type
+    global _installed
+    _installed = True
+    return True
+
+
+_installed = False
+
+
+def active() -> bool:
+    """Whether fla's gated chunk backward runs as this module's here: registered, and fla refusing its own."""
+    return _installed and refused_by_fla(g=True)

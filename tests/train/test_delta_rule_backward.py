@@ -1,0 +1,185 @@
+"""agentrl's PyTorch `chunk_bwd_dqkwg` (the gated delta rule's chunk backward, in place of the flash-linear-attention
+kernel that package refuses on Hopper under Triton < 3.7.1) against autograd through the chunk's own forward.
+
+The reference is written from the chunked rule, not from the kernel: per chunk of one sequence, with the chunk's
+incoming state h (keys × values) and the gradients the other kernels hand in (do for the output, dh for the state
+the chunk passes on, dv for its corrected values v = u - w h),
+
+    o      = scale · ((q ⊙ 2^g) h + tril(q kᵀ ⊙ 2^(gᵢ - gⱼ)) v)
+    h_next = 2^g_last · h + (k ⊙ 2^(g_last - g))ᵀ v
+
+so the loss Σ o⊙do + Σ h_next⊙dh - Σ (w h)⊙dv has autograd gradients dq, dk, dw and dg · ln 2 (the gate is in
+base 2). fp32 on the CPU, within 1e-5. Where flash-linear-attention is installed, its own kernel runs in Triton's
+interpreter (a child process) on the same inputs, and the two agree within fp32 rounding."""
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from agentrl.train.delta_rule_backward import chunk_bwd_dqkwg
+from tests.helpers import INTERPRETING, interpreter_child, patch_triton_interpreter, run_in_interpreter
+
+CHUNK = 16  # fla's chunks are 64 tokens; the rule is the same at any size, and 16 keeps sequences short
+
+
+def inputs(lengths, H, HV, K, V, *, batch_rows=None, state_v_first=False, seed=0, chunk=CHUNK):
+    """Random tensors laid out as fla lays them: tokens `[B, T, heads, D]`, a chunk-local cumulative gate (base 2,
+    decreasing within each chunk), and one state and state gradient per chunk in fla's chunk order."""
+    gen = torch.Generator().manual_seed(seed)
+    if batch_rows is None:
+        B, T = 1, sum(lengths)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.long)
+        seqs = [(int(cu[i]), int(cu[i + 1])) for i in range(len(lengths))]
+    else:
+        B, T, cu = batch_rows, lengths[0], None
+        seqs = [(b * T, (b + 1) * T) for b in range(B)]
+
+    def rand(*shape, s=1.0):
+        return torch.randn(*shape, generator=gen) * s
+
+    q, k = rand(B, T, H, K, s=0.5), rand(B, T, H, K, s=0.5)
+    v, do, dv = rand(B, T, HV, V), rand(B, T, HV, V), rand(B, T, HV, V)
+    w = rand(B, T, HV, K, s=0.5)
+    step = -torch.rand(B * T, HV, generator=gen) * 0.3
+    g = torch.empty(B * T, HV)
+    chunks = []
+    for s, e in seqs:
+        for c in range(s, e, chunk):
+            end = min(c + chunk, e)
+            g[c:end] = step[c:end].cumsum(0)
+            chunks.append((c, end))
+    states = (len(chunks), HV, V, K) if state_v_first else (len(chunks), HV, K, V)
+    h, dh = rand(*states, s=0.5), rand(*states, s=0.5)
+    return dict(q=q, k=k, v=v, do=do, h=h.reshape(B, -1, *states[1:]), dh=dh.reshape(B, -1, *states[1:]), w=w,
+                g=g.reshape(B, T, HV), dv=dv, cu_seqlens=cu, state_v_first=state_v_first), chunks
+
+
+def reference(t, chunks, scale):
+    """dq, dk, dw and dg by autograd through each chunk's forward (module docstring), summed over the value heads of
+    each query head as fla sums them."""
+    B, T, H, K = t["k"].shape
+    HV = t["v"].shape[2]
+    leaves = {n: t[n].detach().clone().requires_grad_() for n in ("q", "k", "w", "g")}
+    flat = {n: x.reshape(B * T, x.shape[2], -1) for n, x in leaves.items() if n != "g"}
+    g = leaves["g"].reshape(B * T, HV)
+    v, do, dv = (t[n].reshape(B * T, HV, -1) for n in ("v", "do", "dv"))
+    h, dh = (t[n].reshape(len(chunks), HV, *t[n].shape[-2:]) for n in ("h", "dh"))
+    if t["state_v_first"]:
+        h, dh = h.transpose(-1, -2), dh.transpose(-1, -2)
+    loss = 0.0
+    for c, (s, e) in enumerate(chunks):
+        for head in range(HV):
+            qh, kh = flat["q"][s:e, head * H // HV], flat["k"][s:e, head * H // HV]
+            gh, vh, hh = g[s:e, head], v[s:e, head], h[c, head]
+            decay = torch.exp2(gh[:, None] - gh[None, :]).tril()
+            o = scale * ((qh * torch.exp2(gh)[:, None]) @ hh + ((qh @ kh.T) * decay) @ vh)
+            h_next = torch.exp2(gh[-1]) * hh + (kh * torch.exp2(gh[-1] - gh)[:, None]).T @ vh
+            loss = loss + (o * do[s:e, head]).sum() + (h_next * dh[c, head]).sum()
+            loss = loss - ((flat["w"][s:e, head] @ hh) * dv[s:e, head]).sum()
+    loss.backward()
+    return leaves["q"].grad, leaves["k"].grad, leaves["w"].grad, leaves["g"].grad / math.log(2)
+
+
+@pytest.mark.parametrize("case", [
+    dict(lengths=(37, 5, 16, 50), H=2, HV=4, K=8, V=12),  # varlen, chunks cut short, value heads sharing a query head
+    dict(lengths=(16, 1, 31), H=3, HV=3, K=16, V=8, state_v_first=True),
+    dict(lengths=(41,), H=2, HV=2, K=8, V=8, batch_rows=3),  # fixed-length rows, no cu_seqlens
+])
+def test_the_torch_chunk_backward_equals_autograd_through_the_chunked_rule(case):
+    t, chunks = inputs(**case)
+    scale = 0.3
+    got = chunk_bwd_dqkwg(**t, scale=scale, chunk_size=CHUNK)
+    want = reference(t, chunks, scale)
+    for name, a, b in zip(("dq", "dk", "dw", "dg"), got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_fla_chunk_indices_give_the_same_result_as_the_ones_built_from_cu_seqlens():
+    """fla hands in `chunk_indices` (sequence, chunk) pairs; without them they are built from cu_seqlens."""
+    t, _ = inputs((37, 5, 16, 50), 2, 4, 8, 12)
+    lens = t["cu_seqlens"].diff().tolist()
+    indices = torch.tensor([(n, c) for n, n_tok in enumerate(lens) for c in range(-(-n_tok // CHUNK))])
+    a = chunk_bwd_dqkwg(**t, chunk_size=CHUNK)
+    b = chunk_bwd_dqkwg(**t, chunk_size=CHUNK, chunk_indices=indices)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def test_bf16_inputs_give_bf16_gradients_near_the_fp32_ones():
+    """Stored as fla stores them (dq, dk, dw in the inputs' dtype, dg in fp32), within bf16 rounding of fp32."""
+    t, _ = inputs((37, 5, 50), 2, 2, 8, 8)
+    low = {n: (x.bfloat16() if torch.is_tensor(x) and x.is_floating_point() and n != "g" else x)
+           for n, x in t.items()}
+    got, want = chunk_bwd_dqkwg(**low, chunk_size=CHUNK), chunk_bwd_dqkwg(**t, chunk_size=CHUNK)
+    assert [x.dtype for x in got] == [torch.bfloat16] * 3 + [torch.float32]
+    for a, b in zip(got, want):
+        scale = b.abs().max()
+        assert (a.float() - b).abs().max() <= 0.03 * scale  # inputs rounded to 8 bits of mantissa, then products
+
+
+def test_only_the_gated_case_is_covered():
+    t, _ = inputs((20,), 1, 1, 8, 8)
+    with pytest.raises(NotImplementedError, match="gated case"):
+        chunk_bwd_dqkwg(**{**t, "g": None}, chunk_size=CHUNK)
+
+
+FLA = importlib.util.find_spec("fla") is not None
+
+
+@pytest.mark.skipif(not FLA or INTERPRETING, reason="needs flash-linear-attention (the gpu extra); the child runs it")
+def test_flas_own_kernel_in_the_interpreter_gives_the_same_gradients():
+    child = interpreter_child(__file__, "-k", "interpreted_fla")
+    # no GPU in the child: on Hopper under Triton < 3.7.1 fla would refuse the very kernel compared here
+    run_in_interpreter(child._replace(env=(*child.env, ("CUDA_VISIBLE_DEVICES", ""))))
+
+
+@pytest.mark.skipif(not FLA or not INTERPRETING, reason="runs in the child of the test above")
+@pytest.mark.parametrize("case", [dict(lengths=(130, 5, 64, 70), H=2, HV=4, K=16, V=32),
+                                  dict(lengths=(100,), H=2, HV=2, K=32, V=16, batch_rows=2),
+                                  dict(lengths=(70, 3), H=1, HV=2, K=16, V=16, state_v_first=True)])
+def test_interpreted_fla_kernel_equals_the_torch_one(case, monkeypatch):
+    """fp32 only: the interpreter holds bf16 as raw integers in elementwise ops (tests.helpers widens only dots)."""
+    from triton.runtime.autotuner import Autotuner
+
+    patch_triton_interpreter()
+    run = Autotuner.run
+
+    def first_config(self, *args, **kwargs):  # the interpreter has no benchmarker to choose among configs
+        self.configs = self.configs[:1]
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(Autotuner, "run", first_config)
+    from fla.ops.common.chunk_o import chunk_bwd_dqkwg as fla_kernel
+    from fla.ops.utils import prepare_chunk_indices
+
+    t, _ = inputs(**case, chunk=64)
+    indices = None if t["cu_seqlens"] is None else prepare_chunk_indices(t["cu_seqlens"], 64)
+    want = fla_kernel(**t, scale=0.3, chunk_size=64, chunk_indices=indices)
+    got = chunk_bwd_dqkwg(**t, scale=0.3, chunk_size=64, chunk_indices=indices)
+    for name, a, b in zip(("dq", "dk", "dw", "dg"), got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.skipif(not FLA or INTERPRETING, reason="needs flash-linear-attention (the gpu extra)")
+def test_the_registered_backend_takes_exactly_the_calls_fla_refuses(monkeypatch):
+    """Through fla's own dispatch (`fla.ops.common.chunk_o.chunk_bwd_dqkwg`): where fla refuses the gated kernel the
+    call lands here; where it does not, the backend declines and fla's kernel runs (not called here: CPU tensors)."""
+    from fla.backends import _operation_registries
+    from fla.ops.common.chunk_o import chunk_bwd_dqkwg as dispatched
+
+    from agentrl.train import delta_rule_backward
+
+    assert delta_rule_backward.install() and delta_rule_backward.install()  # idempotent
+    backend = _operation_registries["common"]._backends[delta_rule_backward.BACKEND_TYPE]
+    t, _ = inputs((37, 5, 50), 2, 4, 8, 8)
+    monkeypatch.setattr(delta_rule_backward, "refused_by_fla", lambda g: False)
+    assert backend.verify("chunk_bwd_dqkwg", **t)[0] is False
+    monkeypatch.setattr(delta_rule_backward, "refused_by_fla", lambda g: g is not None)
+    assert backend.verify("chunk_bwd_dqkwg", **t) == (True, None)
+    assert backend.verify("chunk_bwd_dqkwg", **{**t, "g": None})[0] is False
+    for a, b in zip(dispatched(**t, chunk_size=CHUNK), chunk_bwd_dqkwg(**t, chunk_size=CHUNK)):
+        assert torch.equal(a, b)
