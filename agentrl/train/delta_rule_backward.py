@@ -51,35 +51,38 @@ def chunk_bwd_dqkwg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     pos, valid, last = _chunks(B, T, chunk_size, cu_seqlens, chunk_indices, k.device)
     nc = pos.shape[0]
 
-    def per_chunk(x, heads):  # [B, T, heads, D] -> [chunks, HV, BT, D], zero past each chunk's end (as masked loads)
-        x = x.reshape(B * T, heads, -1)[pos]
+    def per_chunk(x, heads):  # [B, T, heads, D] -> fp32 [chunks, HV, BT, D], zero past each chunk's end
+        x = x.reshape(B * T, heads, -1)[pos].float()
         if heads != HV:
             x = x.repeat_interleave(HV // heads, dim=2)
         return (x * valid[:, :, None, None]).permute(0, 2, 1, 3)
 
-    f32 = torch.float32
-    qc, kc = per_chunk(q, H), per_chunk(k, H)
-    vc, doc = per_chunk(v, HV), per_chunk(do, HV)
-    gc = per_chunk(g.unsqueeze(-1), HV).squeeze(-1).to(f32)  # [chunks, HV, BT]
-    g_last = g.reshape(B * T, HV)[last].to(f32)  # [chunks, HV]: the gate at each chunk's last real token
+    def rounded(x, x32, dtype):  # x as the kernel rounds it for a product with a `dtype` operand (x32: x in fp32)
+        return x32 if x.dtype == dtype else x.to(dtype).float()
+
+    # Products of 16-bit values are exact in fp32, so fp32 copies multiplied in fp32 give the kernel's products.
+    q32, k32, v32, do32 = per_chunk(q, H), per_chunk(k, H), per_chunk(v, HV), per_chunk(do, HV)
+    gc = per_chunk(g.unsqueeze(-1), HV).squeeze(-1)  # [chunks, HV, BT]
+    g_last = g.reshape(B * T, HV)[last].float()  # [chunks, HV]: the gate at each chunk's last real token
     hc, dhc = (x.reshape(nc, HV, *x.shape[-2:]) for x in (h, dh))
     if state_v_first:  # [V, K] states: the products below take [K, V]
         hc, dhc = hc.transpose(-1, -2), dhc.transpose(-1, -2)
+    h32, dh32 = hc.float(), dhc.float()
+    h_do = rounded(hc, h32, do.dtype)
 
-    dg_last = (hc.to(f32) * dhc.to(f32)).sum((-1, -2)) * torch.exp2(g_last)
-    dq = (doc.to(f32) @ hc.to(do.dtype).to(f32).transpose(-1, -2)) * torch.exp2(gc)[..., None] * scale
+    dg_last = (h32 * dh32).sum((-1, -2)) * torch.exp2(g_last)
+    dq = (do32 @ h_do.transpose(-1, -2)) * torch.exp2(gc)[..., None] * scale
     decay = torch.where(valid[:, None, :], torch.exp2(g_last[..., None] - gc), 0.0)
-    dk = (vc.to(f32) @ dhc.to(v.dtype).to(f32).transpose(-1, -2)) * decay[..., None]
-    dg_last = dg_last + (dk * kc.to(f32)).sum((-1, -2))
+    dk = (v32 @ rounded(dhc, dh32, v.dtype).transpose(-1, -2)) * decay[..., None]
+    dg_last = dg_last + (dk * k32).sum((-1, -2))
 
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=k.device).tril()
     mask = causal & valid[:, None, :, None] & valid[:, None, None, :]
-    ds = doc.to(f32) @ vc.to(f32).transpose(-1, -2)
-    ds = torch.where(mask, ds * torch.exp2(gc[..., :, None] - gc[..., None, :]), 0.0) * scale
-    ds = ds.to(k.dtype).to(f32)
-    dq = dq + ds @ kc.to(f32)
-    dk = dk + ds.transpose(-1, -2) @ qc.to(f32)
-    dg = (dq * qc.to(f32)).sum(-1) - (dk * kc.to(f32)).sum(-1)
+    ds = torch.where(mask, (do32 @ v32.transpose(-1, -2)) * torch.exp2(gc[..., :, None] - gc[..., None, :]), 0.0)
+    ds = (ds * scale).to(k.dtype).float()
+    dq = dq + ds @ k32
+    dk = dk + ds.transpose(-1, -2) @ q32
+    dg = (dq * q32).sum(-1) - (dk * k32).sum(-1)
     is_last = torch.arange(chunk_size, device=k.device) == (last - pos[:, 0])[:, None]  # [chunks, BT]
     dg = dg + dg_last[..., None] * is_last[:, None, :]
 
@@ -97,9 +100,10 @@ def chunk_bwd_dqkwg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
         dk = dk.view(B, T, H, HV // H, K).sum(3)
     dw = None
     if w is not None:
-        dvc = per_chunk(dv, HV)
-        dw = to_tokens(-(dvc.to(v.dtype).to(f32) @ hc.to(v.dtype).to(f32).transpose(-1, -2)), w.dtype)
-    return dq, dk, dw, to_tokens(dg.unsqueeze(-1), f32).squeeze(-1)
+        dv32 = per_chunk(dv.to(v.dtype), HV)
+        h_v = rounded(hc, h32, v.dtype)
+        dw = to_tokens(-(dv32 @ h_v.transpose(-1, -2)), w.dtype)
+    return dq, dk, dw, to_tokens(dg.unsqueeze(-1), torch.float32).squeeze(-1)
 
 
 def _chunks(B: int, T: int, size: int, cu_seqlens, chunk_indices, device):
