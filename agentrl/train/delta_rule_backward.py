@@ -132,8 +132,10 @@ def _chunks(B: int, T: int, size: int, cu_seqlens, chunk_indices, device):
 
 def refused_by_fla(g) -> bool:
     """Whether flash-linear-attention refuses its own gated `chunk_bwd_dqkwg` here (Hopper, Triton 3.4–3.7.0)."""
-    from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
-
+    try:
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+    except ImportError:  # another fla version, which names no such refusal
+        return False
     return g is not None and IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1
 
 
