@@ -21,7 +21,7 @@ matrix products over all chunks at once: per chunk of `chunk_size` tokens of one
 
 (g is the chunk-local cumulative gate in base 2, as fla keeps it; the caller applies the reverse cumsum). The casts
 follow the kernel's (its dot products take 16-bit inputs where it loads them, and accumulate in fp32), so bf16
-results agree to the kernel's own rounding. It is registered through fla's backend registry (`fla.backends`) for
+results agree to the kernel's own rounding; on CUDA those products run on tensor cores writing fp32. It is registered through fla's backend registry (`fla.backends`) for
 the case fla refuses and nothing else: every other kernel of the rule stays fla's, and a host with Triton ≥ 3.7.1
 or TileLang never calls it.
 """
@@ -51,37 +51,32 @@ def chunk_bwd_dqkwg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     pos, valid, last = _chunks(B, T, chunk_size, cu_seqlens, chunk_indices, k.device)
     nc = pos.shape[0]
 
-    def per_chunk(x, heads):  # [B, T, heads, D] -> fp32 [chunks, HV, BT, D], zero past each chunk's end
-        x = x.reshape(B * T, heads, -1)[pos].float()
+    def per_chunk(x, heads):  # [B, T, heads, D] -> [chunks, HV, BT, D], zero past each chunk's end
+        x = x.reshape(B * T, heads, -1)[pos]
         if heads != HV:
             x = x.repeat_interleave(HV // heads, dim=2)
         return (x * valid[:, :, None, None]).permute(0, 2, 1, 3)
 
-    def rounded(x, x32, dtype):  # x as the kernel rounds it for a product with a `dtype` operand (x32: x in fp32)
-        return x32 if x.dtype == dtype else x.to(dtype).float()
-
-    # Products of 16-bit values are exact in fp32, so fp32 copies multiplied in fp32 give the kernel's products.
-    q32, k32, v32, do32 = per_chunk(q, H), per_chunk(k, H), per_chunk(v, HV), per_chunk(do, HV)
-    gc = per_chunk(g.unsqueeze(-1), HV).squeeze(-1)  # [chunks, HV, BT]
+    qc, kc, vc, doc = per_chunk(q, H), per_chunk(k, H), per_chunk(v, HV), per_chunk(do, HV)
+    q32, k32 = qc.float(), kc.float()
+    gc = per_chunk(g.unsqueeze(-1), HV).squeeze(-1).float()  # [chunks, HV, BT]
     g_last = g.reshape(B * T, HV)[last].float()  # [chunks, HV]: the gate at each chunk's last real token
     hc, dhc = (x.reshape(nc, HV, *x.shape[-2:]) for x in (h, dh))
     if state_v_first:  # [V, K] states: the products below take [K, V]
         hc, dhc = hc.transpose(-1, -2), dhc.transpose(-1, -2)
-    h32, dh32 = hc.float(), dhc.float()
-    h_do = rounded(hc, h32, do.dtype)
 
-    dg_last = (h32 * dh32).sum((-1, -2)) * torch.exp2(g_last)
-    dq = (do32 @ h_do.transpose(-1, -2)) * torch.exp2(gc)[..., None] * scale
+    dg_last = (hc.float() * dhc.float()).sum((-1, -2)) * torch.exp2(g_last)
+    dq = _matmul(doc, hc.to(do.dtype).transpose(-1, -2)) * torch.exp2(gc)[..., None] * scale
     decay = torch.where(valid[:, None, :], torch.exp2(g_last[..., None] - gc), 0.0)
-    dk = (v32 @ rounded(dhc, dh32, v.dtype).transpose(-1, -2)) * decay[..., None]
+    dk = _matmul(vc, dhc.to(v.dtype).transpose(-1, -2)) * decay[..., None]
     dg_last = dg_last + (dk * k32).sum((-1, -2))
 
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=k.device).tril()
     mask = causal & valid[:, None, :, None] & valid[:, None, None, :]
-    ds = torch.where(mask, (do32 @ v32.transpose(-1, -2)) * torch.exp2(gc[..., :, None] - gc[..., None, :]), 0.0)
-    ds = (ds * scale).to(k.dtype).float()
-    dq = dq + ds @ k32
-    dk = dk + ds.transpose(-1, -2) @ q32
+    ds = torch.where(mask, _matmul(doc, vc.transpose(-1, -2)) * torch.exp2(gc[..., :, None] - gc[..., None, :]), 0.0)
+    ds = (ds * scale).to(k.dtype)
+    dq = dq + _matmul(ds, kc)
+    dk = dk + _matmul(ds.transpose(-1, -2), qc)
     dg = (dq * q32).sum(-1) - (dk * k32).sum(-1)
     is_last = torch.arange(chunk_size, device=k.device) == (last - pos[:, 0])[:, None]  # [chunks, BT]
     dg = dg + dg_last[..., None] * is_last[:, None, :]
@@ -100,10 +95,34 @@ def chunk_bwd_dqkwg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
         dk = dk.view(B, T, H, HV // H, K).sum(3)
     dw = None
     if w is not None:
-        dv32 = per_chunk(dv.to(v.dtype), HV)
-        h_v = rounded(hc, h32, v.dtype)
-        dw = to_tokens(-(dv32 @ h_v.transpose(-1, -2)), w.dtype)
+        dw = to_tokens(-_matmul(per_chunk(dv.to(v.dtype), HV), hc.to(v.dtype).transpose(-1, -2)), w.dtype)
     return dq, dk, dw, to_tokens(dg.unsqueeze(-1), torch.float32).squeeze(-1)
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`a @ b` in fp32, as the kernel's dot products give it: 16-bit operands multiplied exactly and summed in fp32.
+    On tensor cores where torch writes the fp32 result directly (CUDA); elsewhere on fp32 copies (products of 16-bit
+    values are exact in fp32, so only the order of the sums differs)."""
+    if a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16) and _bmm_fp32_out(a.device):
+        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        a3 = a.expand(*lead, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+        b3 = b.expand(*lead, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+        return torch.bmm(a3, b3, out_dtype=torch.float32).reshape(*lead, a.shape[-2], b.shape[-1])
+    return a.float() @ b.float()
+
+
+_BMM_FP32_OUT: dict[str, bool] = {}
+
+
+def _bmm_fp32_out(device: torch.device) -> bool:
+    """Whether torch.bmm writes fp32 from 16-bit operands on `device` (`out_dtype`; CUDA in recent torch)."""
+    if device.type not in _BMM_FP32_OUT:
+        try:
+            a = torch.ones(1, 2, 2, dtype=torch.bfloat16, device=device)
+            _BMM_FP32_OUT[device.type] = torch.bmm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError, NotImplementedError):
+            _BMM_FP32_OUT[device.type] = False
+    return _BMM_FP32_OUT[device.type]
 
 
 def _chunks(B: int, T: int, size: int, cu_seqlens, chunk_indices, device):

@@ -183,3 +183,25 @@ def test_the_registered_backend_takes_exactly_the_calls_fla_refuses(monkeypatch)
     assert backend.verify("chunk_bwd_dqkwg", **{**t, "g": None})[0] is False
     for a, b in zip(dispatched(**t, chunk_size=CHUNK), chunk_bwd_dqkwg(**t, chunk_size=CHUNK)):
         assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_16bit_products_on_tensor_cores_equal_the_fp32_copies(monkeypatch):
+    """On CUDA, bf16 operands multiply on tensor cores writing fp32 (`torch.bmm(out_dtype=)`), the way the kernel's
+    dot products do; the fp32-copy path the CPU takes gives the same results but for the order of the sums."""
+    from agentrl.train import delta_rule_backward
+
+    t, _ = inputs((130, 5, 64, 70), 2, 4, 32, 64, chunk=64)
+    t = {n: (x.cuda().bfloat16() if torch.is_tensor(x) and x.is_floating_point() and n != "g" else
+             x.cuda() if torch.is_tensor(x) else x) for n, x in t.items()}
+    assert delta_rule_backward._bmm_fp32_out(torch.device("cuda"))
+    fast = chunk_bwd_dqkwg(**t, chunk_size=64)
+    monkeypatch.setitem(delta_rule_backward._BMM_FP32_OUT, "cuda", False)
+    slow = chunk_bwd_dqkwg(**t, chunk_size=64)
+    for name, a, b in zip(("dq", "dk", "dw", "dg"), fast, slow):
+        assert a.dtype == b.dtype, name
+        # bf16 results (dq, dk, dw) may round to a neighbouring value when the fp32 sums differ in their last bits
+        tol = 1e-5 if a.dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(a.float(), b.float(), atol=tol * b.float().abs().max().item(), rtol=tol,
+                                   msg=lambda m, n=name: f"{n}: {m}")
