@@ -21,9 +21,10 @@ matrix products over all chunks at once: per chunk of `chunk_size` tokens of one
 
 (g is the chunk-local cumulative gate in base 2, as fla keeps it; the caller applies the reverse cumsum). The casts
 follow the kernel's (its dot products take 16-bit inputs where it loads them, and accumulate in fp32), so bf16
-results agree to the kernel's own rounding; on CUDA those products run on tensor cores writing fp32. It is registered through fla's backend registry (`fla.backends`) for
-the case fla refuses and nothing else: every other kernel of the rule stays fla's, and a host with Triton ≥ 3.7.1
-or TileLang never calls it.
+results agree to the kernel's own rounding; on CUDA those products run on tensor cores writing fp32.
+
+It is registered through fla's backend registry (`fla.backends`) for the case fla refuses and nothing else: every
+other kernel of the rule stays fla's, and a host with Triton ≥ 3.7.1 or TileLang never calls it.
 """
 
 from __future__ import annotations
