@@ -12,7 +12,8 @@ it, as a sample run alone does): on CUDA with flash-linear-attention, that packa
 positions gathered back.
 
 The chunked delta rule gets a wrapper too, for two cases. Where flash-linear-attention's rule cannot train (its
-backward refuses some Triton and GPU combinations; the run finds out before its first step),
+backward refuses some Triton and GPU combinations, and agentrl's stand-in for the kernel it refuses,
+`delta_rule_backward`, did not cover it; the run finds out before its first step),
 `use_reference_delta_rule` marks the model, and packed forwards run transformers' PyTorch reference sample by sample
 over `cu_seqlens`: the rest of the layer stays packed, each sample's recurrence starting from zero state as alone.
 And in a prefix-shared row (`tree`, from `prefix_forward`) the prefixes run first and every suffix starts from its
