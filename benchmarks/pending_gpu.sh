@@ -324,10 +324,11 @@ items=("$@")
 # 2026-12-02 13:25-13:52 UTC (BENCHMARKS.md): hybrid decode 42.4% (goal met), fused projections and kernel tests passed,
 # defaults 20.3x TRL, the 200-step test passed, Qwen3-0.6B 40.1% MFU. Left: hybrid-train-stock (agentrl's PyTorch
 # gated backward on the host's Triton, the #15 training goal's first measurement without shipping Triton),
-# hybrid-prefix (on the stock host too now), qwen-profile (where the Qwen3-0.6B step goes after today's fixes), and
+# hybrid-prefix (on the stock host too now), qwen-profile (where the Qwen3-0.6B step goes after today's fixes),
+# qwen-autotune (inductor's GEMM templates with fused epilogues), and
 # hybrid-train-profile (fla's own backward under the shipped Triton 3.7.1: four parts, one call each). A fresh
 # machine's start costs 90-220 s of device time, and a machine left idle 30 s is gone: keep the calls back to back
-[ ${#items[@]} -eq 0 ] && items=(hybrid-train-stock hybrid-prefix qwen-profile hybrid-train-profile)
+[ ${#items[@]} -eq 0 ] && items=(hybrid-train-stock hybrid-prefix qwen-profile qwen-autotune hybrid-train-profile)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4
