@@ -9,8 +9,9 @@ the chunk passes on, dv for its corrected values v = u - w h),
     h_next = 2^g_last · h + (k ⊙ 2^(g_last - g))ᵀ v
 
 so the loss Σ o⊙do + Σ h_next⊙dh - Σ (w h)⊙dv has autograd gradients dq, dk, dw and dg · ln 2 (the gate is in
-base 2). fp32 on the CPU, within 1e-5. Where flash-linear-attention is installed, its own kernel runs in Triton's
-interpreter (a child process) on the same inputs, and the two agree within fp32 rounding."""
+base 2). fp32 on the CPU, within 1e-5. Where flash-linear-attention is installed, in Triton's interpreter (a child
+process): its own kernel on the same inputs agrees within fp32 rounding, and its whole chunked rule with the stand-in
+in its backward gives the gradients of transformers' PyTorch rule run on each sequence alone."""
 
 import importlib.util
 import math
@@ -205,3 +206,75 @@ def test_16bit_products_on_tensor_cores_equal_the_fp32_copies(monkeypatch):
         tol = 1e-5 if a.dtype == torch.float32 else 1e-2
         torch.testing.assert_close(a.float(), b.float(), atol=tol * b.float().abs().max().item(), rtol=tol,
                                    msg=lambda m, n=name: f"{n}: {m}")
+
+
+def _builtin_range_as_tensors(monkeypatch):
+    """Triton's interpreter hands a kernel's `for i in range(n)` Python ints, on which fla's kernels call `.to()`
+    (compiled, they are tensors): each interpreted kernel here sees a `range` that yields interpreter scalars."""
+    import builtins
+    import types
+
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    def scalar_range(*bounds):
+        ints = [int(np.asarray(b.handle.data).reshape(-1)[0]) if hasattr(b, "handle") else int(b) for b in bounds]
+        for i in builtins.range(*ints):
+            yield tl.tensor(interpreter.TensorHandle(np.array(i, dtype=np.int32), tl.int32), tl.int32)
+
+    init = interpreter.GridExecutor.__init__
+
+    def with_scalar_range(self, fn, *args, **kwargs):
+        fn2 = types.FunctionType(fn.__code__, {**fn.__globals__, "range": scalar_range}, fn.__name__, fn.__defaults__,
+                                 fn.__closure__)
+        fn2.__annotations__, fn2.__kwdefaults__ = fn.__annotations__, fn.__kwdefaults__
+        init(self, fn2, *args, **kwargs)
+
+    monkeypatch.setattr(interpreter.GridExecutor, "__init__", with_scalar_range)
+
+
+@pytest.mark.skipif(not FLA or not INTERPRETING, reason="runs in the child of the fla test above")
+def test_interpreted_fla_rule_with_the_stand_in_equals_the_reference_rule_per_sample(monkeypatch):
+    """fla's whole chunked rule over four packed sequences (one of 5 tokens, one of exactly a chunk), forward and
+    backward in the interpreter with the stand-in taking the gated dq/dk/dw/dg kernel as on a refusing host, against
+    transformers' PyTorch rule run on each sequence alone: outputs and the gradients of q, k, v, g and beta within
+    1e-5 of their scale (fp32)."""
+    import inspect
+
+    from triton.runtime.autotuner import Autotuner
+
+    from agentrl.train import delta_rule_backward
+
+    patch_triton_interpreter()
+    _builtin_range_as_tensors(monkeypatch)
+    run = Autotuner.run
+    monkeypatch.setattr(Autotuner, "run", lambda self, *a, **k: (setattr(self, "configs", self.configs[:1]),
+                                                                  run(self, *a, **k))[1])
+    monkeypatch.setattr(delta_rule_backward, "refused_by_fla", lambda g: g is not None)
+    calls = []
+    own = delta_rule_backward.chunk_bwd_dqkwg
+    monkeypatch.setattr(delta_rule_backward, "chunk_bwd_dqkwg", lambda *a, **k: (calls.append(1), own(*a, **k))[1])
+    assert delta_rule_backward.install()
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    reference = inspect.unwrap(torch_chunk_gated_delta_rule)  # transformers' wrapper would dispatch to fla
+    gen = torch.Generator().manual_seed(0)
+    lengths, H, K = (70, 5, 64, 30), 2, 16
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    q, k, v = (torch.randn(1, T, H, K, generator=gen).requires_grad_() for _ in range(3))
+    g = (-torch.rand(1, T, H, generator=gen) * 0.5).requires_grad_()
+    beta = torch.rand(1, T, H, generator=gen).requires_grad_()
+    grad_out = torch.randn(1, T, H, K, generator=gen)
+    out, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    got = torch.autograd.grad((out * grad_out).sum(), (q, k, v, g, beta))
+    assert calls == [1]
+    alone = torch.cat([reference(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
+                                 use_qk_l2norm_in_kernel=True)[0] for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())],
+                      dim=1)
+    want = torch.autograd.grad((alone * grad_out).sum(), (q, k, v, g, beta))
+    torch.testing.assert_close(out, alone, atol=1e-5, rtol=1e-5)
+    for name, a, b in zip(("q", "k", "v", "g", "beta"), got, want):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max(), name
