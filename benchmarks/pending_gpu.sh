@@ -307,9 +307,9 @@ PY
     # ran through transformers' reference sample by sample: 1.6% MFU). Its GPU test against the reference rule and
     # the three default steps first, then the train table at the full 25k tokens (the transformers rows with fla now
     # run too), with the compiled-layers row and the kernels of one agentrl step
-    hybrid-train-stock) TAIL=60 run "$1" 560 sh -c "python3 -m pytest -m gpu tests/train/test_hybrid_gpu.py -k \
-        'torch_gated or three_default' -q -rA --tb=short -p no:cacheprovider -p no:warnings; python3 \
-        benchmarks/hybrid.py --parts train --train-profile --train-compile" ;;
+    hybrid-train-stock) TAIL=60 run "$1" 560 sh -c "python3 -m pytest -m gpu tests/train/test_hybrid_gpu.py \
+        tests/train/test_delta_rule_backward.py -k 'torch_gated or three_default or tensor_cores' -q -rA --tb=short \
+        -p no:cacheprovider -p no:warnings; python3 benchmarks/hybrid.py --parts train --train-profile --train-compile" ;;
     # #16: Qwen3-0.6B at 40.1% MFU with GEMMs near peak and flash attention at its floor: ≈ 70 ms a step of memory-bound
     # kernels (norms, rotary, SwiGLU, residual adds) is what is left. Inductor's own GEMM templates can take pointwise
     # epilogues into the GEMM (max-autotune GEMMs): the default against that, one process each (the env is read at
