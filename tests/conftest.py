@@ -23,28 +23,6 @@ if torch.cuda.is_available() and os.environ["TRITON_F32_DEFAULT"] == "ieee":
     ieee_fp32_kernels()
 
 
-def _first_config_for_fla_kernels():
-    """flash-linear-attention autotunes its Triton kernels on first use, compiling every config of every kernel: on a
-    cold machine the hybrid GPU tests spent minutes there (a 400-s call ran out before any test reported). The tests
-    check results, which any config gives, so fla's kernels take the first of their (pruned) configs here. The
-    autotuner's disk cache is keyed by the configs benchmarked, so the benchmarks' own tuning is not touched.
-    AGENTRL_TEST_AUTOTUNE=full keeps fla's whole search."""
-    from triton.runtime.autotuner import Autotuner
-
-    prune = Autotuner.prune_configs
-
-    def first_for_fla(self, kwargs, *args, **kw):
-        configs = prune(self, kwargs, *args, **kw)
-        fn = getattr(self, "base_fn", None) or self.fn
-        return configs[:1] if getattr(fn, "__module__", "").startswith("fla.") else configs
-
-    Autotuner.prune_configs = first_for_fla
-
-
-if torch.cuda.is_available() and os.environ.get("AGENTRL_TEST_AUTOTUNE") != "full":
-    _first_config_for_fla_kernels()
-
-
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.exists():
