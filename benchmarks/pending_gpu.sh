@@ -304,12 +304,16 @@ PY
         --skip-hf --engine-unfused" ;;
     # #15: hybrid training on the host's own Triton 3.6, where fla refuses one gated backward kernel: agentrl's
     # PyTorch version of that kernel in its place (2026-12-02 ≈ 14:00 UTC, never on a GPU; before it the whole rule
-    # ran through transformers' reference sample by sample: 1.6% MFU). Its GPU test against the reference rule and
-    # the three default steps first, then the train table at the full 25k tokens (the transformers rows with fla now
-    # run too), with the compiled-layers row and the kernels of one agentrl step
-    hybrid-train-stock) TAIL=60 run "$1" 560 sh -c "python3 -m pytest -m gpu tests/train/test_hybrid_gpu.py \
+    # ran through transformers' reference sample by sample: 1.6% MFU). The train table at the full 25k tokens (the
+    # transformers rows with fla now run too), with the compiled-layers row and the kernels of one agentrl step; fla's
+    # bf16 kernels compile and autotune for minutes on a cold machine, hence its own item ahead of the tests
+    hybrid-train-stock) TAIL=60 run "$1" 560 python3 benchmarks/hybrid.py --parts train --train-profile \
+        --train-compile ;;
+    # its GPU tests: the packed gradients through the stand-in against the reference rule (fp32), its tensor-core
+    # products against fp32 copies, and the three default steps of tiny Qwen3.5
+    hybrid-stock-tests) TAIL=12 run "$1" 400 python3 -m pytest -m gpu tests/train/test_hybrid_gpu.py \
         tests/train/test_delta_rule_backward.py -k 'torch_gated or three_default or tensor_cores' -q -rA --tb=short \
-        -p no:cacheprovider -p no:warnings; python3 benchmarks/hybrid.py --parts train --train-profile --train-compile" ;;
+        -p no:cacheprovider -p no:warnings ;;
     # #16: Qwen3-0.6B at 40.1% MFU with GEMMs near peak and flash attention at its floor: ≈ 70 ms a step of memory-bound
     # kernels (norms, rotary, SwiGLU, residual adds) is what is left. Inductor's own GEMM templates can take pointwise
     # epilogues into the GEMM (max-autotune GEMMs): the default against that, one process each (the env is read at
@@ -322,13 +326,15 @@ PY
 }
 items=("$@")
 # 2026-12-02 13:25-13:52 UTC (BENCHMARKS.md): hybrid decode 42.4% (goal met), fused projections and kernel tests passed,
-# defaults 20.3x TRL, the 200-step test passed, Qwen3-0.6B 40.1% MFU. Left: hybrid-train-stock (agentrl's PyTorch
-# gated backward on the host's Triton, the #15 training goal's first measurement without shipping Triton),
+# defaults 20.3x TRL, the 200-step test passed, Qwen3-0.6B 40.1% MFU. Left: hybrid-train-stock and its tests
+# (agentrl's PyTorch gated backward on the host's Triton, the #15 training goal's first measurement without shipping
+# Triton),
 # hybrid-prefix (on the stock host too now), qwen-profile (where the Qwen3-0.6B step goes after today's fixes),
 # qwen-autotune (inductor's GEMM templates with fused epilogues), and
 # hybrid-train-profile (fla's own backward under the shipped Triton 3.7.1: four parts, one call each). A fresh
 # machine's start costs 90-220 s of device time, and a machine left idle 30 s is gone: keep the calls back to back
-[ ${#items[@]} -eq 0 ] && items=(hybrid-train-stock hybrid-prefix qwen-profile qwen-autotune hybrid-train-profile)
+[ ${#items[@]} -eq 0 ] && items=(hybrid-train-stock hybrid-stock-tests hybrid-prefix qwen-profile qwen-autotune \
+  hybrid-train-profile)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4
