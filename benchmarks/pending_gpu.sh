@@ -314,8 +314,8 @@ PY
     hybrid-stock-tests) TAIL=12 run "$1" 400 python3 -m pytest -m gpu tests/train/test_hybrid_gpu.py \
         tests/train/test_delta_rule_backward.py -k 'torch_gated or three_default or tensor_cores' -q -rA --tb=short \
         -p no:cacheprovider -p no:warnings ;;
-    # #16: Qwen3-0.6B at 40.1% MFU with GEMMs near peak and flash attention at its floor: ≈ 70 ms a step of memory-bound
-    # kernels (norms, rotary, SwiGLU, residual adds) is what is left. Inductor's own GEMM templates can take pointwise
+    # #16: Qwen3-0.6B at 40.1% MFU with GEMMs near peak and flash attention at its floor: ≈ 70 ms a step of
+    # memory-bound kernels (norms, rotary, SwiGLU, residual adds) is what is left. Inductor's own GEMM templates can take pointwise
     # epilogues into the GEMM (max-autotune GEMMs): the default against that, one process each (the env is read at
     # import); compiles take minutes on a cold cache
     qwen-autotune) TAIL=16 run "$1" 560 sh -c "python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
