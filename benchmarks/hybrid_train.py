@@ -303,6 +303,7 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
 
 def hf_row(model, samples, steps: int, device, limit_s: float, smoke: bool, reference: bool) -> dict:
     """transformers' model on padded batches, full fp32 logits; with its torch reference kernels if `reference`."""
+    from agentrl.train import delta_rule_backward
     from agentrl.train.config import LossConfig, OptimConfig
     from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
 
@@ -317,6 +318,8 @@ def hf_row(model, samples, steps: int, device, limit_s: float, smoke: bool, refe
     real = sum(len(s) for s in samples)
     with torch_reference_kernels(model) if reference else contextlib.nullcontext():
         kernel = delta_rule_kernel(model)
+        if kernel == "fla" and delta_rule_backward.active():  # installed in this process by the agentrl row
+            kernel += " (backward: its gated dq/dk/dw/dg kernel agentrl's PyTorch)"
         result = measure(lambda: hf_full_logits_step(model, groups, stepper, cfg, denominator), steps, device,
                          limit_s, smoke)
     layout = f"{len(groups)} padded micro-batches of <= {ROW_TOKENS} ({padded / real - 1:.0%} padding)"
