@@ -1,9 +1,9 @@
 """The fused decode delta rule (`agentrl.engine.triton_delta_rule.delta_rule_step`) at a decode step's shape, over
 its block configurations, against a device copy of the same bytes. One H200 line per config.
 
-Configs: columns per program and warps; the wide ones again launched columns first and on a persistent grid
-(`triton_delta_rule._delta_rule_kernel`); the rows' slots shuffled, then the engine's config and its two launch
-variants with the slots in order, as the engine mostly has them.
+Configs: columns per program and warps, the rows' slots shuffled; then the engine's config with the slots in
+order, as the engine mostly has them. (Launching columns first and a persistent grid were tried and measured no
+faster: BENCHMARKS.md, 2026-12-02 13:50.)
 
 Shape: Qwen3.5-0.8B's delta nets (16 key and 16 value heads of 128) at 256 sequences, each row's fp32 state read and
 written in place (268 MB each way a layer); the engine's own choice (`delta_rule_config`) is marked. The copy row
@@ -68,18 +68,10 @@ def main() -> None:
     chosen = delta_rule_config(rows, heads, dk, dv)
     configs = [{"block_v": b, "num_warps": w} for b in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8, 16)
                if dk * b // (32 * w) <= 256 and dk * b // (32 * w) >= 8]
-    # The launch order (the kernel's COLS_FIRST) for the wide blocks: one slot's states in address order; and the
-    # persistent grid (a loop over tiles in that order, the next tile's state loaded while this one's is stored)
-    configs += [{**c, "cols_first": True} for c in configs if c["block_v"] >= 32]
-    configs += [{"block_v": b, "num_warps": w, "programs_per_sm": p, "num_stages": n}
-                for b, w in ((64, 2), (64, 4), (32, 2)) for p in (2, 4, 8) for n in (2, 3)]
     # The engine's slots are mostly in order (slot i for its i-th sequence); these rows are shuffled. The engine's
-    # config and the two launch variants again with slots in order, last: whether the order of the slots is why the
-    # kernel measured faster inside the engine than here (BENCHMARKS.md, 2026-12-02 10:17).
-    ordered = torch.arange(rows, device=dev)
-    variants = [{**chosen, "cols_first": True}, {**chosen, "programs_per_sm": 4, "num_stages": 2}]
+    # config again with slots in order, last (BENCHMARKS.md, 2026-12-02 13:50: 191.6 against 252.3 µs shuffled).
     runs = [(cfg, slots, "") for cfg in [chosen] + [c for c in configs if c != chosen]]
-    runs += [(cfg, ordered, ", slots in order") for cfg in [chosen] + variants]
+    runs.append((chosen, torch.arange(rows, device=dev), ", slots in order"))
     for cfg, rows_slots, slot_note in runs:
         try:
             sec = timed(lambda: delta_rule_step(q, k, v, g, beta, state, rows_slots, config=cfg), args.iters)
@@ -87,10 +79,7 @@ def main() -> None:
             print(f"| {cfg} | failed: {type(exc).__name__} | | |")
             continue
         mark = (" (the engine's)" if cfg == chosen else "") + slot_note
-        order = ", columns first" if cfg.get("cols_first") else ""
-        if cfg.get("programs_per_sm"):
-            order = f", persistent: {cfg['programs_per_sm']} programs an SM, {cfg['num_stages']} stages"
-        print(f"| block_v {cfg['block_v']}, {cfg['num_warps']} warps{order}{mark} | {sec * 1e6:.1f} | "
+        print(f"| block_v {cfg['block_v']}, {cfg['num_warps']} warps{mark} | {sec * 1e6:.1f} | "
               f"{moved / sec / 1e12:.2f} | {copy_s / sec:.0%} |", flush=True)
 
 

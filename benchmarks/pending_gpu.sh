@@ -287,7 +287,7 @@ PY
         tests/engine/test_engine_hybrid_varlen.py tests/engine/test_fused_projections.py -q -rA --tb=short \
         -p no:cacheprovider -p no:warnings; python3 benchmarks/hybrid.py --parts decode --step-times" ;;
     # #15: the fused delta rule alone over its configs (half of a hybrid decode step, at 64% of a copy's bandwidth):
-    # block shapes, and since 2026-12-02 ≈ 12:50 UTC the launch order and a persistent grid (never run on a GPU)
+    # block shapes (2026-12-02 13:50 UTC: columns-first and persistent launches no faster, since removed)
     delta-rule-sweep) TAIL=70 run "$1" 300 python3 benchmarks/delta_rule_sweep.py ;;
     # #15: the hybrid train step with the shipped Triton (fla's own backward) at the full 25k tokens a step (9.8% MFU
     # was --quick's 8k), its decoder layers eager (the default for hybrids) and compiled (never measured on a GPU),

@@ -64,37 +64,21 @@ def _delta_rule_tile(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr,
 @triton.jit
 def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr, snap_ptr, snaps_ptr,
                        sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbeta_b, sbeta_h, ss_s, ss_h, so_b, so_h, sn_s,
-                       scale, rows, heads, blocks, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                       BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, HAS_SNAP: tl.constexpr,
-                       COLS_FIRST: tl.constexpr, PERSISTENT: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """A program a tile (`_delta_rule_tile`), on a grid (row, head, column block), or with COLS_FIRST (column block,
-    head, row): programs launched one after another then walk one slot's states in address order, rather than the
-    same block of every row's. PERSISTENT: a 1-D grid of fewer programs, each looping over tiles in that same order,
-    `NUM_STAGES` deep, so the next tile's state is loaded while this one's is updated and stored."""
-    if PERSISTENT:
-        for t in tl.range(tl.program_id(0), rows * heads * blocks, tl.num_programs(0), num_stages=NUM_STAGES):
-            _delta_rule_tile(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr, snap_ptr, snaps_ptr,
-                             sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbeta_b, sbeta_h, ss_s, ss_h, so_b, so_h,
-                             sn_s, scale, t // (blocks * heads), (t // blocks) % heads, t % blocks, GROUP, DK, DV,
-                             BLOCK_K, BLOCK_V, HAS_SNAP)
-    else:
-        if COLS_FIRST:
-            col = tl.program_id(0)
-            row = tl.program_id(2)
-        else:
-            row = tl.program_id(0)
-            col = tl.program_id(2)
-        _delta_rule_tile(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr, snap_ptr, snaps_ptr,
-                         sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbeta_b, sbeta_h, ss_s, ss_h, so_b, so_h, sn_s,
-                         scale, row, tl.program_id(1), col, GROUP, DK, DV, BLOCK_K, BLOCK_V, HAS_SNAP)
+                       scale, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
+                       BLOCK_V: tl.constexpr, HAS_SNAP: tl.constexpr):
+    """A program a tile (`_delta_rule_tile`) on a (row, value head, column block) grid. Launching columns first or
+    on a persistent grid measured no faster with the slots in order, as the engine has them (BENCHMARKS.md,
+    2026-12-02 13:50)."""
+    _delta_rule_tile(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr, snap_ptr, snaps_ptr,
+                     sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbeta_b, sbeta_h, ss_s, ss_h, so_b, so_h, sn_s,
+                     scale, tl.program_id(0), tl.program_id(1), tl.program_id(2), GROUP, DK, DV, BLOCK_K, BLOCK_V,
+                     HAS_SNAP)
 
 
 def delta_rule_config(rows: int, heads: int, dk: int, dv: int) -> dict:
     """Columns per program and warps. Wide blocks (64 columns, 2 warps) when the batch alone fills the GPU: the
     fastest of `benchmarks/delta_rule_sweep.py` at 256 rows of 16 heads of 128 x 128 on an H200 (BENCHMARKS.md);
-    narrow ones (8) to spread a small batch over more programs, ~32 state elements per thread. Optional keys the
-    sweep tries and this does not choose yet: `cols_first` (the launch order), `programs` or `programs_per_sm` with
-    `num_stages` (the persistent grid; see the kernel)."""
+    narrow ones (8) to spread a small batch over more programs, ~32 state elements per thread."""
     if rows * heads >= 512:
         block_v = min(triton.next_power_of_2(dv), 64)
         return {"block_v": block_v, "num_warps": max(1, min(8, triton.next_power_of_2(dk) * block_v // 4096))}
@@ -121,35 +105,14 @@ def delta_rule_step(q, k, v, g, beta, state, slots, scale: float | None = None, 
     if rows == 0:
         return out
     cfg = config or delta_rule_config(rows, hv, dk, dv)
-    cols_first = cfg.get("cols_first", False)
-    blocks = triton.cdiv(dv, cfg["block_v"])
-    programs = _persistent_programs(cfg, q.device)
-    if programs:
-        grid = (min(programs, rows * hv * blocks),)
-    else:
-        grid = (blocks, hv, rows) if cols_first else (rows, hv, blocks)
-    _delta_rule_kernel[grid](
+    _delta_rule_kernel[(rows, hv, triton.cdiv(dv, cfg["block_v"]))](
         q, k, v, g, beta, state, slots, out, snapshot if has_snap else state, snaps if has_snap else slots,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
         beta.stride(0), beta.stride(1), state.stride(0), state.stride(1), out.stride(0), out.stride(1),
-        snapshot.stride(0) if has_snap else 0, dk ** -0.5 if scale is None else scale, rows, hv, blocks,
+        snapshot.stride(0) if has_snap else 0, dk ** -0.5 if scale is None else scale,
         GROUP=hv // hk, DK=dk, DV=dv, BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=cfg["block_v"], HAS_SNAP=has_snap,
-        COLS_FIRST=cols_first, PERSISTENT=bool(programs), NUM_STAGES=cfg.get("num_stages", 2),
         num_warps=cfg.get("num_warps", 4))
     return out
-
-
-def _persistent_programs(cfg: dict, device: torch.device) -> int:
-    """Programs of the persistent grid: `cfg["programs"]`, or `cfg["programs_per_sm"]` times the device's
-    multiprocessors; 0 for a program a tile."""
-    if cfg.get("programs"):
-        return cfg["programs"]
-    per_sm = cfg.get("programs_per_sm", 0)
-    if not per_sm:
-        return 0
-    if device.type != "cuda":
-        raise ValueError("programs_per_sm needs a CUDA device; give `programs` instead")
-    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _check_snapshot(state, snapshot, snaps, rows: int) -> bool:
