@@ -310,10 +310,12 @@ PY
     hybrid-train-stock) TAIL=60 run "$1" 560 python3 benchmarks/hybrid.py --parts train --train-profile \
         --train-compile ;;
     # its GPU tests: the packed gradients through the stand-in against the reference rule (fp32), its tensor-core
-    # products against fp32 copies, and the three default steps of tiny Qwen3.5
+    # products against fp32 copies, and the three default steps of tiny Qwen3.5; and the decode kernel once more
+    # since its launch variants were removed (13:50 UTC)
     hybrid-stock-tests) TAIL=12 run "$1" 400 python3 -m pytest -m gpu tests/train/test_hybrid_gpu.py \
-        tests/train/test_delta_rule_backward.py -k 'torch_gated or three_default or tensor_cores' -q -rA --tb=short \
-        -p no:cacheprovider -p no:warnings ;;
+        tests/train/test_delta_rule_backward.py tests/engine/test_triton_delta_rule.py \
+        -k 'torch_gated or three_default or tensor_cores or on_cuda' -q -rA --tb=short -p no:cacheprovider \
+        -p no:warnings ;;
     # #16: Qwen3-0.6B at 40.1% MFU with GEMMs near peak and flash attention at its floor: ≈ 70 ms a step of
     # memory-bound kernels (norms, rotary, SwiGLU, residual adds) is what is left. Inductor's own GEMM templates can take pointwise
     # epilogues into the GEMM (max-autotune GEMMs): the default against that, one process each (the env is read at
