@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from agentrl.autotune_lock import serialize_autotuners
+
 
 @dataclass(frozen=True)
 class VarlenKernels:
@@ -53,6 +55,7 @@ def varlen_kernels(device: torch.device) -> VarlenKernels | None:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     except ImportError:
         return None
+    serialize_autotuners()  # the trainer's thread calls the same autotuned kernels
     return VarlenKernels(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, causal_conv1d)
 
 

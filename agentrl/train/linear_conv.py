@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from agentrl.autotune_lock import serialize_autotuners
+
 @dataclass
 class _Tree:
     """A prefix-shared row (`prefix_forward`): which sequences continue another (a suffix its group's prefix), laid
@@ -269,6 +271,8 @@ def install_wrappers(model) -> None:
     """Wrap the convolution and chunked delta rule of `model`'s modeling modules, once: a function found there is
     wrapped unless it is the wrapper installed before (by identity: a function that wraps ours with
     `functools.wraps` copies its attributes, so a mark would say "ours" of it)."""
+    if importlib.util.find_spec("fla") is not None:
+        serialize_autotuners()  # fla's autotuned kernels behind them are called from the engine's thread too
     for module in _modeling_modules(model):
         for name, wrap in (("causal_conv1d_fn", _boundary_conv), (_RULE, _segmented_rule)):
             current = getattr(module, name, None)
