@@ -272,7 +272,7 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
 
     model_cfg = ModelConfig(name="qwen3.5-0.8b-shaped", compile_layers=compile_layers)
     _, _, varlen = _trainable(model_cfg, model, None, device.type)
-    error = packing_error(model, hybrid_varlen=True) if varlen else None
+    error = packing_error(model, hybrid_varlen=True, relative=True) if varlen else None
     # Compiled layers where `agentrl train` would compile them (its default leaves hybrid models eager).
     compiled = bool(getattr(build, "compile_layers", None) and build.compile_layers(model_cfg, model, device.type))
     if compiled:
@@ -291,7 +291,7 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     if compiled:  # the transformers rows run eager layers
         for module in model.modules():
             module.__dict__.pop("_compiled_call_impl", None)
-    layout = (f"{rows} packed row(s) of <= {ROW_TOKENS}{computed}, flat varlen (boundary check error {error:.1e})"
+    layout = (f"{rows} packed row(s) of <= {ROW_TOKENS}{computed}, flat varlen (boundary check: relative error {error:.1e})"
               if varlen
               else f"{rows} packed row(s) of <= {ROW_TOKENS}, each sample run on its own"
               + (" (varlen kernels refused by the boundary check)" if device.type == "cuda" else ""))
