@@ -259,9 +259,10 @@ def measure(step, steps: int, device, limit_s: float, smoke: bool) -> dict:
 
 
 def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool, profile: bool = False,
-                share: bool = True, compile_layers: bool | None = None) -> dict:
+                share: bool = True, compile_layers: bool | None = None, micro_rows: int | None = None) -> dict:
     """agentrl's trainer as `agentrl train` builds it on this device; `profile`: then one step's kernel table;
-    `share=False`: `trainer.share_prefix=false`; `compile_layers`: `model.compile_layers` (None: the default)."""
+    `share=False`: `trainer.share_prefix=false`; `compile_layers`: `model.compile_layers` (None: the default);
+    `micro_rows`: `trainer.rows_per_micro_batch` (None: the default)."""
     from agentrl.run.build import _trainable
     from agentrl.train.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.logprobs import packing_error
@@ -278,7 +279,8 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     if compiled:
         compile_decoder_layers(model, activation_memory_budget=model_cfg.activation_memory_budget,
                                **getattr(build, "TRAINER_COMPILE", {}))
-    trainer = Trainer(model, TrainerConfig(row_tokens=ROW_TOKENS, share_prefix=share), LossConfig(), OptimConfig(),
+    trainer = Trainer(model, TrainerConfig(row_tokens=ROW_TOKENS, share_prefix=share, rows_per_micro_batch=micro_rows),
+                      LossConfig(), OptimConfig(),
                       total_steps=steps + 2, hybrid_varlen=varlen)
     packed = trainer.pack(samples)  # also the trainer's one-time check of prefix sharing, as its first step runs it
     rows = len(packed.rows) if hasattr(packed, "rows") else packed.input_ids.shape[0]
@@ -291,9 +293,11 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     if compiled:  # the transformers rows run eager layers
         for module in model.modules():
             module.__dict__.pop("_compiled_call_impl", None)
-    layout = (f"{rows} packed row(s) of <= {ROW_TOKENS}{computed}, flat varlen (boundary check: relative error {error:.1e})"
+    per_micro = f", {trainer.rows_per_micro_batch} a micro-batch"
+    layout = (f"{rows} packed row(s) of <= {ROW_TOKENS}{per_micro}{computed}, flat varlen (boundary check: relative "
+              f"error {error:.1e})"
               if varlen
-              else f"{rows} packed row(s) of <= {ROW_TOKENS}, each sample run on its own"
+              else f"{rows} packed row(s) of <= {ROW_TOKENS}{per_micro}, each sample run on its own"
               + (" (varlen kernels refused by the boundary check)" if device.type == "cuda" else ""))
     attention = model.config._attn_implementation
     kernel = f"{delta_rule_kernel(model)}{' varlen' if varlen else ''}{backward_note(model, varlen)}, {attention}" \
@@ -328,9 +332,12 @@ def hf_row(model, samples, steps: int, device, limit_s: float, smoke: bool, refe
 
 def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: float, skip_hf: bool, smoke: bool,
                 device, profile: bool = False, groups: bool = False,
-                compiled_row: bool = False) -> tuple[list[str], list[list], list[str]]:
+                compiled_row: bool = False,
+                micro_rows: tuple[int, ...] = ()) -> tuple[list[str], list[list], list[str]]:
     """The train-step table: (columns, rows, notes); `profile`: the kernels of one agentrl step, printed; `groups`:
-    hotpotqa_search-shaped groups sharing a prompt, with a row for the trainer packing them unshared."""
+    hotpotqa_search-shaped groups sharing a prompt, with a row for the trainer packing them unshared; `micro_rows`:
+    more agentrl rows with that many packed rows a micro-batch (one forward and backward over all of them: fewer
+    layer calls, each over more tokens), compiled too with `compiled_row`."""
     vocab = model.config.vocab_size
     samples = make_group_samples(tokens, vocab) if groups else make_samples(tokens, vocab)
     reference_samples = make_samples(reference_tokens, vocab, seed=1)
@@ -342,6 +349,12 @@ def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: 
     if compiled_row and not smoke:  # on the CPU the hybrid takes the per-sample path, whose compiled backward fails
         paths.append(("(a'') agentrl trainer, `model.compile_layers=true`", samples, steps,
                       lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, compile_layers=True)))
+    for r in micro_rows:
+        for compiled in (False, True) if compiled_row and not smoke else (False,):
+            paths.append((f"(a{r}) agentrl trainer, `trainer.rows_per_micro_batch={r}`"
+                          + ", `model.compile_layers=true`" * compiled, samples, steps,
+                          lambda s, k, r=r, c=compiled: agentrl_row(model, s, k, device, unlimited, smoke,
+                                                                    compile_layers=c or None, micro_rows=r)))
     if groups:
         paths.append(("(a') agentrl trainer, `trainer.share_prefix=false`", samples, steps,
                       lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, share=False)))
