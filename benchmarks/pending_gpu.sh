@@ -323,19 +323,29 @@ PY
     qwen-autotune) TAIL=16 run "$1" 560 sh -c "python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
         --steps 5 --variants default && TORCHINDUCTOR_MAX_AUTOTUNE_GEMM=1 python3 benchmarks/train_step.py \
         --model-shape qwen3-0.6b --skip-hf --steps 5 --variants default" ;;
+    # #15: the three default steps of tiny Qwen3.5 failed on the stock host (2026-12-02 ≈ 15:05 UTC): Triton's
+    # autotuner, called by the engine's thread and the trainer's at once on a cold cache, lost a call's arguments
+    # ("'NoneType' object is not a mapping"); serialized per kernel since (agentrl/autotune_lock.py). Then the check
+    # a hybrid run makes before its first step, on this host's kernels, for tiny and 0.8B-shaped models
+    hybrid-three) TAIL=12 run "$1" 300 sh -c "python3 -m pytest -m gpu tests/train/test_hybrid_gpu.py -k three_default \
+        -x -q -rA --tb=short -p no:cacheprovider -p no:warnings; python3 benchmarks/packing_check.py" ;;
+    # #15: the stock-host hybrid step (1.19 s at 25k tokens, 11.2% MFU, 2026-12-02 14:43 UTC) spent 663 ms in
+    # kernels: host-bound. Two and four 8k rows a micro-batch (one fla call over all of them, a quarter of the layer
+    # calls), eager and compiled
+    hybrid-train-rows) TAIL=16 run "$1" 560 python3 benchmarks/hybrid.py --parts train --train-rows 2,4 \
+        --train-compile --skip-hf ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac
 }
 items=("$@")
-# 2026-12-02 13:25-13:52 UTC (BENCHMARKS.md): hybrid decode 42.4% (goal met), fused projections and kernel tests passed,
-# defaults 20.3x TRL, the 200-step test passed, Qwen3-0.6B 40.1% MFU. Left: hybrid-train-stock and its tests
-# (agentrl's PyTorch gated backward on the host's Triton, the #15 training goal's first measurement without shipping
-# Triton),
-# hybrid-prefix (on the stock host too now), qwen-profile (where the Qwen3-0.6B step goes after today's fixes),
-# qwen-autotune (inductor's GEMM templates with fused epilogues), and
-# hybrid-train-profile (fla's own backward under the shipped Triton 3.7.1: four parts, one call each). A fresh
-# machine's start costs 90-220 s of device time, and a machine left idle 30 s is gone: keep the calls back to back
-[ ${#items[@]} -eq 0 ] && items=(hybrid-train-stock hybrid-stock-tests hybrid-prefix qwen-profile qwen-autotune \
+# 2026-12-02 14:43-15:10 UTC (BENCHMARKS.md): the stock-host hybrid train table (11.2% MFU eager, 10.7% compiled,
+# host-bound), Qwen3-0.6B's profile again (40.1%), and the three default hybrid steps failing on a race in Triton's
+# autotuner (fixed on the CPU since). Left: hybrid-three (that test again, and the run's packing check),
+# hybrid-train-rows (wider micro-batches), hybrid-stock-tests (the stand-in's gradients and products; fla's fp32
+# kernels compile for minutes on a cold machine), hybrid-prefix, qwen-autotune, and hybrid-train-profile (the shipped
+# Triton 3.7.1: four parts, one call each). A fresh machine's start costs 90-220 s of device time, and a machine left
+# idle 30 s is gone: keep the calls back to back
+[ ${#items[@]} -eq 0 ] && items=(hybrid-three hybrid-train-rows hybrid-stock-tests hybrid-prefix qwen-autotune \
   hybrid-train-profile)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
