@@ -259,10 +259,11 @@ def measure(step, steps: int, device, limit_s: float, smoke: bool) -> dict:
 
 
 def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool, profile: bool = False,
-                share: bool = True, compile_layers: bool | None = None, micro_rows: int | None = None) -> dict:
+                share: bool = True, compile_layers: bool | None = None, micro_rows: int | None = None,
+                graphs: bool = False) -> dict:
     """agentrl's trainer as `agentrl train` builds it on this device; `profile`: then one step's kernel table;
     `share=False`: `trainer.share_prefix=false`; `compile_layers`: `model.compile_layers` (None: the default);
-    `micro_rows`: `trainer.rows_per_micro_batch` (None: the default)."""
+    `micro_rows`: `trainer.rows_per_micro_batch` (None: the default); `graphs`: `trainer.cuda_graphs=true`."""
     from agentrl.run.build import _trainable
     from agentrl.train.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.logprobs import packing_error
@@ -280,7 +281,7 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
         compile_decoder_layers(model, activation_memory_budget=model_cfg.activation_memory_budget,
                                **getattr(build, "TRAINER_COMPILE", {}))
     trainer = Trainer(model, TrainerConfig(row_tokens=ROW_TOKENS, share_prefix=share, rows_per_micro_batch=micro_rows),
-                      LossConfig(), OptimConfig(),
+                      LossConfig(), OptimConfig(), cuda_graphs=graphs and varlen,
                       total_steps=steps + 2, hybrid_varlen=varlen)
     packed = trainer.pack(samples)  # also the trainer's one-time check of prefix sharing, as its first step runs it
     rows = len(packed.rows) if hasattr(packed, "rows") else packed.input_ids.shape[0]
@@ -301,7 +302,7 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
               + (" (varlen kernels refused by the boundary check)" if device.type == "cuda" else ""))
     attention = model.config._attn_implementation
     kernel = f"{delta_rule_kernel(model)}{' varlen' if varlen else ''}{backward_note(model, varlen)}, {attention}" \
-             f"{', compiled layers' * compiled}"
+             f"{', compiled layers' * compiled}{', CUDA graphs' * (trainer.graphs is not None)}"
     return {**result, "layout": layout, "kernel": kernel, "varlen": varlen}
 
 
@@ -332,12 +333,13 @@ def hf_row(model, samples, steps: int, device, limit_s: float, smoke: bool, refe
 
 def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: float, skip_hf: bool, smoke: bool,
                 device, profile: bool = False, groups: bool = False,
-                compiled_row: bool = False,
-                micro_rows: tuple[int, ...] = ()) -> tuple[list[str], list[list], list[str]]:
+                compiled_row: bool = False, micro_rows: tuple[int, ...] = (),
+                graph_rows: bool = False) -> tuple[list[str], list[list], list[str]]:
     """The train-step table: (columns, rows, notes); `profile`: the kernels of one agentrl step, printed; `groups`:
     hotpotqa_search-shaped groups sharing a prompt, with a row for the trainer packing them unshared; `micro_rows`:
     more agentrl rows with that many packed rows a micro-batch (one forward and backward over all of them: fewer
-    layer calls, each over more tokens), compiled too with `compiled_row`."""
+    layer calls, each over more tokens), compiled too with `compiled_row`; `graph_rows`: more with the flat forward
+    and backward replayed from CUDA graphs (`trainer.cuda_graphs=true`), compiled too with `compiled_row`."""
     vocab = model.config.vocab_size
     samples = make_group_samples(tokens, vocab) if groups else make_samples(tokens, vocab)
     reference_samples = make_samples(reference_tokens, vocab, seed=1)
@@ -355,6 +357,10 @@ def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: 
                           + ", `model.compile_layers=true`" * compiled, samples, steps,
                           lambda s, k, r=r, c=compiled: agentrl_row(model, s, k, device, unlimited, smoke,
                                                                     compile_layers=c or None, micro_rows=r)))
+    for compiled in ((False, True) if compiled_row else (False,)) if graph_rows and not smoke else ():
+        paths.append(("(ag) agentrl trainer, `trainer.cuda_graphs=true`" + ", `model.compile_layers=true`" * compiled,
+                      samples, steps, lambda s, k, c=compiled: agentrl_row(model, s, k, device, unlimited, smoke,
+                                                                            compile_layers=c or None, graphs=True)))
     if groups:
         paths.append(("(a') agentrl trainer, `trainer.share_prefix=false`", samples, steps,
                       lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, share=False)))

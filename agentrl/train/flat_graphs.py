@@ -38,6 +38,7 @@ from typing import Callable, ContextManager
 import torch
 
 from agentrl.graph_capture import record_graph
+from agentrl.train.linear_conv import CHUNK_SIZE, packed_conv_boundaries
 from agentrl.train.varlen_attention import KV_INDEX
 
 
@@ -55,6 +56,7 @@ class Padding:
     keys: int  # gathered keys: the real ones, the tails', then unused entries
     max_q: int
     max_k: int
+    chunks: int | None = None  # fla's chunk indices a hybrid's row holds (None: as many as its segments have)
 
 
 Plan = Callable[[int, int, int, int, int], Padding]  # (real tokens, segments, keys, max_q, max_k) -> Padding
@@ -118,8 +120,10 @@ class Buckets:
         tails = (max_q,) * (tail // max_q) + ((tail % max_q,) if tail % max_q else ())
         # Key sequences hold their queries, so a tail never exceeds max_k either.
         max_k = max(min(_pow2(max_k), self.grid(keys + tail)), max_q)
-        return Padding(length, tails, _pow2(max(segments + len(tails), self.min_segments)), self.grid(keys + tail),
-                       max_q, max_k)
+        capacity = _pow2(max(segments + len(tails), self.min_segments))
+        # Every segment holds at most one chunk more than its tokens fill: a hybrid's fixed grid of chunks.
+        return Padding(length, tails, capacity, self.grid(keys + tail), max_q, max_k,
+                       chunks=-(-length // CHUNK_SIZE) + capacity)
 
 
 def boundaries(lengths: list[int], capacity: int) -> list[int]:
@@ -144,6 +148,7 @@ class FlatInputs:
     max_q: int
     max_k: int
     kv_index: torch.Tensor | None = None  # [K] long
+    chunks: torch.Tensor | None = None  # int32 [C, 2]: a hybrid row's chunk indices (`linear_conv.chunk_indices`)
 
     def __post_init__(self):
         # Each tensor starts its own storage. The layouts arrive as views into one host-to-device copy (storage
@@ -157,14 +162,20 @@ class FlatInputs:
 
     def key(self) -> tuple:
         kv = -1 if self.kv_index is None else self.kv_index.numel()
-        return self.ids.numel(), self.cu_q.numel(), self.cu_k.numel(), kv, self.max_q, self.max_k
+        chunks = -1 if self.chunks is None else self.chunks.numel()
+        return self.ids.numel(), self.cu_q.numel(), self.cu_k.numel(), kv, self.max_q, self.max_k, chunks
 
     def run(self, decoder) -> torch.Tensor:
-        """Final hidden states `[N, H]`: the decoder over one flat row, the boundaries passed to every layer."""
+        """Final hidden states `[N, H]`: the decoder over one flat row, the boundaries passed to every layer; with
+        `chunks` (a hybrid model), its linear-attention layers kept within the samples on these very tensors, which
+        a captured graph then reads at every replay."""
         extra = {} if self.kv_index is None else {KV_INDEX: self.kv_index}
-        out = decoder(input_ids=self.ids[None], position_ids=self.pos[None], use_cache=False,
-                      cu_seq_lens_q=self.cu_q, cu_seq_lens_k=self.cu_k, max_length_q=self.max_q,
-                      max_length_k=self.max_k, **extra)
+        within = (contextlib.nullcontext() if self.chunks is None
+                  else packed_conv_boundaries(decoder, self.cu_q, self.ids.numel(), chunks=self.chunks))
+        with within:
+            out = decoder(input_ids=self.ids[None], position_ids=self.pos[None], use_cache=False,
+                          cu_seq_lens_q=self.cu_q, cu_seq_lens_k=self.cu_k, max_length_q=self.max_q,
+                          max_length_k=self.max_k, **extra)
         return out.last_hidden_state.squeeze(0)  # a view; indexing [0] would copy its gradient into zeros
 
     def tensors(self) -> list[torch.Tensor]:

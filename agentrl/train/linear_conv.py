@@ -60,11 +60,33 @@ class _Active:
     length: int  # read on the host once per forward: a read per layer (int(cu[-1])) waits for the device each time
     tree: _Tree | None = None
     reference: bool = False  # the delta rule through transformers' PyTorch reference (`use_reference_delta_rule`)
+    chunks: torch.Tensor | None = None  # fla's chunk indices of the row, built on the host (`chunk_indices`)
 
 
 _CU_SEQLENS: contextvars.ContextVar[_Active | None] = contextvars.ContextVar("agentrl_conv_cu_seqlens", default=None)
 _REFERENCE_RULE = "_agentrl_reference_delta_rule"  # set on a model's linear-attention layers
 _RULE = "torch_chunk_gated_delta_rule"  # the name transformers' gated delta nets call their chunked rule by
+CHUNK_SIZE = 64  # the chunks of flash-linear-attention's gated delta rule and varlen convolution
+
+
+def chunk_indices(lengths: list[int], capacity: int | None = None, size: int = CHUNK_SIZE) -> list[tuple[int, int]]:
+    """flash-linear-attention's `chunk_indices` for sequences of `lengths` laid end to end: (sequence, chunk within
+    it) for every `size`-token chunk, in order. Passed to its kernels, they need not build them from `cu_seqlens` on
+    the device, which reads a count back to the host (a wait on the device per forward and backward).
+
+    `capacity`: that many entries (a fixed grid for CUDA graphs), the rest pointing one chunk past the end of the
+    last non-empty sequence: a block every kernel masks out entirely (nothing read or written outside a sequence),
+    while its last-token reads stay inside the sequence."""
+    out = [(n, t) for n, length in enumerate(lengths) for t in range(-(-length // size))]
+    if capacity is not None:
+        if capacity < len(out):
+            raise ValueError(f"{len(out)} chunks exceed the capacity of {capacity}")
+        last = max((n for n, length in enumerate(lengths) if length), default=None)
+        if last is None and capacity > len(out):
+            raise ValueError("padding chunks need a non-empty sequence to point past")
+        if last is not None:
+            out += [(last, -(-lengths[last] // size))] * (capacity - len(out))
+    return out
 
 
 def spread_index(cu_seqlens: torch.Tensor, length: int, gap: int) -> torch.Tensor:
@@ -107,8 +129,9 @@ def _boundary_conv(conv):
             # The samples' own kernel: no spreading, and a Triton backward rather than cuDNN's depthwise one.
             # `hidden_states` is [1, D, T] as the layer lays it out: a transposed view of [1, T, D].
             try:
+                chunks = {} if active.chunks is None else {"chunk_indices": active.chunks}
                 out, _ = fla_conv(hidden_states.transpose(1, 2), weight, bias, activation=activation,
-                                  cu_seqlens=cu.to(torch.int32))
+                                  cu_seqlens=cu.to(torch.int32), **chunks)
                 return out.transpose(1, 2)
             except Exception as exc:  # another package version's signature, a kernel that fails here: spread
                 _VARLEN_CONV_FAILED.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -162,6 +185,8 @@ def _segmented_rule(rule):
         needed = active is not None and (active.reference or active.tree is not None)
         cu = cu_seqlens if cu_seqlens is not None else (active.cu if active is not None else None)
         if not needed or cu is None or query.shape[0] != 1 or initial_state is not None or output_final_state:
+            if active is not None and active.chunks is not None and cu_seqlens is not None and not needed:
+                kwargs = {**kwargs, "chunk_indices": active.chunks}  # fla's kernel, the row's own boundaries
             return rule(query, key, value, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
                         output_final_state=output_final_state, **kwargs)
         if active.reference:
@@ -242,12 +267,13 @@ def _tree(lengths: list[int], parents: list[int], gap: int, device) -> _Tree:
 
 @contextlib.contextmanager
 def packed_conv_boundaries(model, cu_seqlens: torch.Tensor, length: int | None = None,
-                           tree: tuple[list[int], list[int]] | None = None):
+                           tree: tuple[list[int], list[int]] | None = None, chunks: torch.Tensor | None = None):
     """While active, the linear-attention convolutions of `model` stay within the samples `cu_seqlens` bounds
     (the cumulative boundaries of one flat row, `[0, n1, n1 + n2, ..., length]`). `length`: the row's length where
     the caller knows it on the host (else it is read from `cu_seqlens`, one wait for the device). `tree`: a
     prefix-shared row's sequence lengths and each one's parent (-1 for none): a suffix then continues its prefix's
-    convolution window and recurrent state, as it would unshared.
+    convolution window and recurrent state, as it would unshared. `chunks`: the row's `chunk_indices` for
+    flash-linear-attention's kernels (`[chunks, 2]` int32 on the device, from `chunk_indices`).
 
     The modeling module's convolution and chunked rule are wrapped once, for good: outside a packed forward (another
     thread, the engine, a plain forward) the wrappers call what they wrap, and the same function objects across
@@ -257,7 +283,7 @@ def packed_conv_boundaries(model, cu_seqlens: torch.Tensor, length: int | None =
     gap = max((layer.conv1d.weight.shape[-1] - 1 for layer in model.modules() if hasattr(layer, "conv1d")), default=0)
     shared = _tree(*tree, gap, cu_seqlens.device) if tree is not None else None
     token = _CU_SEQLENS.set(_Active(cu_seqlens, int(cu_seqlens[-1]) if length is None else length, shared,
-                                    reference))
+                                    reference, chunks if shared is None and not reference else None))
     try:
         yield
     finally:

@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 
 from agentrl.train.flat_graphs import FlatGraphs, FlatInputs, Plan, RoundUp, boundaries, flat_forward
-from agentrl.train.linear_conv import packed_conv_boundaries
+from agentrl.train.linear_conv import chunk_indices, packed_conv_boundaries
 from agentrl.train.pack import PackedBatch
 from agentrl.train.varlen_attention import takes_flat_layout
 
@@ -114,12 +114,16 @@ class FlatLayout:
     max_len: int  # longest segment, the tail included
     length: int  # N rounded up to the pad multiple
     trained: torch.Tensor | None = None  # [M] positions in the flat row of the trained targets (host-built)
+    chunks: torch.Tensor | None = None  # int32 [C, 2]: fla's chunk indices of the segments (hybrid models)
 
 
-def flat_layout(batch: PackedBatch, pad_multiple: int = 1, padding: Plan | None = None) -> FlatLayout:
+def flat_layout(batch: PackedBatch, pad_multiple: int = 1, padding: Plan | None = None,
+                chunks: bool = False) -> FlatLayout:
     """Built on the host from `batch.segments`. Index and boundaries cross to the device in one copy, from pinned
     memory on CUDA: a pageable copy would wait for the previous micro-batch's backward to finish. `padding`: how the
-    row is padded (`flat_graphs`; default: the length rounded up to `pad_multiple`, the padding one segment)."""
+    row is padded (`flat_graphs`; default: the length rounded up to `pad_multiple`, the padding one segment).
+    `chunks`: also flash-linear-attention's chunk indices of the segments (`linear_conv.chunk_indices`), as many as
+    the plan's fixed shapes hold where it has them (`Padding.chunks`)."""
     padding = padding or RoundUp(pad_multiple)
     width = batch.input_ids.shape[1]
     spans = [(r * width + start, n) for r, segs in enumerate(batch.segments) for _, start, n in segs]
@@ -130,27 +134,34 @@ def flat_layout(batch: PackedBatch, pad_multiple: int = 1, padding: Plan | None 
     device = batch.input_ids.device
     index = torch.cat([torch.arange(s, s + n) for s, n in spans])
     parts = [index, torch.tensor(bounds)]
+    if chunks:
+        segment_lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+        parts.append(torch.tensor(chunk_indices(segment_lengths, plan.chunks)).reshape(-1))
     if batch.host_loss_mask is not None:  # the trained rows, found on the host rather than by a device nonzero
         parts.append(batch.host_loss_mask.reshape(-1)[index].nonzero().squeeze(1))
     host = torch.cat(parts)
     if device.type == "cuda":
         host = host.pin_memory()
-    moved = host.to(device, non_blocking=True).split([p.numel() for p in parts])
-    return FlatLayout(index=moved[0], cu_seqlens=moved[1].int(), max_len=plan.max_q, length=plan.length,
-                      trained=moved[2] if len(moved) > 2 else None)
+    moved = list(host.to(device, non_blocking=True).split([p.numel() for p in parts]))
+    index, cu = moved.pop(0), moved.pop(0).int()
+    chunk_tensor = moved.pop(0).int().view(-1, 2) if chunks else None
+    return FlatLayout(index=index, cu_seqlens=cu, max_len=plan.max_q, length=plan.length,
+                      trained=moved[0] if moved else None, chunks=chunk_tensor)
 
 
 def _flat_hidden_states(decoder, batch: PackedBatch, pad_multiple: int,
                         graphs: FlatGraphs | None = None) -> tuple[torch.Tensor, FlatLayout]:
     """Hidden states `[N, H]` of the real tokens, in `layout.index` order, from one flat forward (replayed from
     `graphs` where given)."""
-    layout = flat_layout(batch, pad_multiple, graphs.padding if graphs is not None else None)
+    hybrid = is_hybrid(decoder)
+    layout = flat_layout(batch, pad_multiple, graphs.padding if graphs is not None else None, chunks=hybrid)
     ids = batch.input_ids.reshape(-1)[layout.index]
     pos = batch.position_ids.reshape(-1)[layout.index]
+    # A hybrid's inputs carry the chunk indices: `FlatInputs.run` keeps the linear-attention layers within the
+    # samples, on the tensors a captured graph reads.
     inputs = FlatInputs(*padded_row(ids, pos, layout.length), layout.cu_seqlens, layout.cu_seqlens, layout.max_len,
-                        layout.max_len)
-    with _linear_boundaries(decoder, layout.cu_seqlens, layout.length):
-        hidden = flat_forward(decoder, inputs, graphs)
+                        layout.max_len, chunks=layout.chunks)
+    hidden = flat_forward(decoder, inputs, graphs)
     return hidden[:layout.index.shape[0]], layout
 
 

@@ -26,7 +26,6 @@ gradient through that gather, summed, exactly as unshared packing sums it over t
 
 from __future__ import annotations
 
-import contextlib
 
 from dataclasses import dataclass
 
@@ -165,9 +164,10 @@ def shared_head_hidden(model, batch: SharedBatch, pad_multiple: int = 1,
         pos = batch.position_ids.reshape(-1)[layout.index]
         inputs = FlatInputs(*padded_row(ids, pos, layout.length), layout.cu_q, layout.cu_k, layout.max_q,
                             layout.max_k, layout.kv_index)
-        with (packed_conv_boundaries(decoder, layout.cu_q, layout.length, tree=(layout.q_lens, layout.parents))
-              if is_hybrid(model) else contextlib.nullcontext()):
-            return flat_forward(decoder, inputs, graphs)[layout.head_rows]
+        if is_hybrid(model):  # the tree's layout is built per forward, outside any graph: these rows run eagerly
+            with packed_conv_boundaries(decoder, layout.cu_q, layout.length, tree=(layout.q_lens, layout.parents)):
+                return flat_forward(decoder, inputs, None)[layout.head_rows]
+        return flat_forward(decoder, inputs, graphs)[layout.head_rows]
     impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
     if impl == "flex_attention":
         mask = tree_block_mask(batch)

@@ -52,9 +52,10 @@ class Trainer:
         self._tree_checked = False
         self.graphs = None
         if cuda_graphs:
-            if self.device.type != "cuda" or not takes_flat_layout(model) or is_hybrid(model):
-                raise ValueError("trainer.cuda_graphs=true needs CUDA and a dense model under the varlen attention "
-                                 f"(here: {self.device.type}, attention {model.config._attn_implementation!r})")
+            if self.device.type != "cuda" or not takes_flat_layout(model) or (is_hybrid(model) and not hybrid_varlen):
+                raise ValueError("trainer.cuda_graphs=true needs CUDA and the varlen attention (a hybrid model its "
+                                 f"varlen kernels too; here: {self.device.type}, attention "
+                                 f"{model.config._attn_implementation!r})")
             self.graphs = FlatGraphs(_decoder(model), pad_multiple=self.pad_multiple, row_tokens=config.row_tokens,
                                      guard=capture_guard)
 

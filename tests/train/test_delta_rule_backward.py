@@ -109,6 +109,25 @@ def test_fla_chunk_indices_give_the_same_result_as_the_ones_built_from_cu_seqlen
         assert torch.equal(x, y)
 
 
+def test_padding_chunk_entries_past_a_sequences_end_change_nothing():
+    """A fixed grid of chunks for CUDA graphs (`linear_conv.chunk_indices` with a capacity): the entries past the
+    real chunks point one chunk past the last non-empty sequence's end, with states of their own (garbage here).
+    The real chunks' gradients are exactly those without them, and nothing is written for the padding."""
+    from agentrl.train.linear_conv import chunk_indices
+
+    t, _ = inputs((37, 5, 16, 50), 2, 4, 8, 12)
+    lens = t["cu_seqlens"].diff().tolist()
+    exact = torch.tensor(chunk_indices(lens, size=CHUNK))
+    padded = torch.tensor(chunk_indices(lens, len(exact) + 5, size=CHUNK))
+    assert padded[len(exact):].tolist() == [[3, 4]] * 5  # 50 tokens: chunks 0-3, then one past the end
+    gen = torch.Generator().manual_seed(1)
+    extra = {n: torch.cat([t[n], torch.randn(1, 5, *t[n].shape[2:], generator=gen) * 1e3], dim=1) for n in ("h", "dh")}
+    a = chunk_bwd_dqkwg(**t, chunk_size=CHUNK, chunk_indices=exact)
+    b = chunk_bwd_dqkwg(**{**t, **extra}, chunk_size=CHUNK, chunk_indices=padded)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
 def test_bf16_inputs_give_bf16_gradients_near_the_fp32_ones():
     """Stored as fla stores them (dq, dk, dw in the inputs' dtype, dg in fp32), within bf16 rounding of fp32."""
     t, _ = inputs((37, 5, 50), 2, 2, 8, 8)
@@ -278,3 +297,68 @@ def test_interpreted_fla_rule_with_the_stand_in_equals_the_reference_rule_per_sa
     torch.testing.assert_close(out, alone, atol=1e-5, rtol=1e-5)
     for name, a, b in zip(("q", "k", "v", "g", "beta"), got, want):
         assert (a - b).abs().max() <= 1e-5 * b.abs().max(), name
+
+
+@pytest.mark.skipif(not FLA or not INTERPRETING, reason="runs in the child of the fla test above")
+def test_interpreted_fla_rule_and_conv_on_a_fixed_chunk_grid_equal_the_exact_grid(monkeypatch):
+    """A hybrid row in CUDA graphs launches fla's kernels over a fixed grid of chunks (`linear_conv.chunk_indices`
+    with a capacity): the entries past the real chunks point one chunk past the last non-empty sequence's end, and
+    an empty sequence closes the boundaries as the graph buckets' layouts do. fla's chunked rule (its own kernels,
+    forward and backward) and its varlen convolution give exactly what the exact grid gives: outputs and every
+    gradient (fp32, the interpreter)."""
+    from triton.runtime.autotuner import Autotuner
+
+    patch_triton_interpreter()
+    _builtin_range_as_tensors(monkeypatch)
+    run = Autotuner.run
+    monkeypatch.setattr(Autotuner, "run", lambda self, *a, **k: (setattr(self, "configs", self.configs[:1]),
+                                                                  run(self, *a, **k))[1])
+    _fixed_grid_equals_exact("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not FLA or not torch.cuda.is_available(), reason="needs CUDA and flash-linear-attention")
+def test_fla_rule_and_conv_on_a_fixed_chunk_grid_equal_the_exact_grid_on_cuda(monkeypatch):
+    """The same on the GPU's compiled kernels (the interpreter masks what a compiled kernel might still read)."""
+    from agentrl.engine.linear_varlen import ieee_fp32_kernels
+    from agentrl.train import delta_rule_backward
+
+    ieee_fp32_kernels()
+    delta_rule_backward.install()  # where fla refuses its gated backward here, the stand-in's padding runs too
+    _fixed_grid_equals_exact("cuda")
+
+
+def _fixed_grid_equals_exact(device: str) -> None:
+    from fla.modules.causal_conv1d import causal_conv1d
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    from agentrl.train.linear_conv import chunk_indices
+
+    gen = torch.Generator().manual_seed(0)
+    lengths, H, K = (70, 5, 64, 30, 0), 2, 16
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    exact = torch.tensor(chunk_indices(list(lengths)), dtype=torch.int32, device=device)
+    grid = torch.tensor(chunk_indices(list(lengths), len(exact) + 6), dtype=torch.int32, device=device)
+    leaves = [torch.randn(1, T, H, K, generator=gen) for _ in range(3)]
+    leaves += [-torch.rand(1, T, H, generator=gen) * 0.5, torch.rand(1, T, H, generator=gen)]
+    leaves = [t.to(device) for t in leaves]
+    x, weight = torch.randn(1, T, 3 * K, generator=gen).to(device), torch.randn(3 * K, 4, generator=gen).to(device)
+    grad_rule = torch.randn(1, T, H, K, generator=gen).to(device)
+    grad_conv = torch.randn(1, T, 3 * K, generator=gen).to(device)
+
+    def rule(indices):
+        q, k, v, g, beta = (t.clone().requires_grad_() for t in leaves)
+        out, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, cu_seqlens=cu, chunk_indices=indices,
+                                        use_qk_l2norm_in_kernel=True)
+        return [out, *torch.autograd.grad((out * grad_rule).sum(), (q, k, v, g, beta))]
+
+    def conv(indices):
+        xs, w = x.clone().requires_grad_(), weight.clone().requires_grad_()
+        out, _ = causal_conv1d(xs, w, activation="silu", cu_seqlens=cu, chunk_indices=indices)
+        return [out, *torch.autograd.grad((out * grad_conv).sum(), (xs, w))]
+
+    for name, a, b in zip(("o", "dq", "dk", "dv", "dg", "dbeta"), rule(grid), rule(exact)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda m, n=name: f"rule {n}: {m}")
+    for name, a, b in zip(("y", "dx", "dweight"), conv(grid), conv(exact)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda m, n=name: f"conv {n}: {m}")

@@ -15,6 +15,7 @@ from agentrl.run.config import TrainConfig
 from agentrl.train import varlen_attention as va
 from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig
 from agentrl.train.flat_graphs import Buckets, FlatGraphs, FlatInputs, RoundUp, stand_in_capture
+from agentrl.train.linear_conv import chunk_indices
 from agentrl.train.logprobs import _decoder, flat_layout, packed_token_logprobs
 from agentrl.train.pack import pack_samples
 from agentrl.train.prefix_forward import shared_token_logprobs, tree_flat_layout
@@ -112,6 +113,36 @@ def test_bucketed_layouts_pad_with_segments_of_their_own_and_empty_ones():
     cu_q, cu_k = tree.cu_q.tolist(), tree.cu_k.tolist()
     assert cu_q[-1] == tree.length and cu_k[-1] <= tree.kv_index.numel() and len(cu_q) == len(cu_k)
     assert tree.kv_index.numel() == plan.grid(tree.kv_index.numel())
+
+
+def test_chunk_indices_number_each_sequences_chunks_and_fill_a_fixed_grid_past_the_last_one():
+    """flash-linear-attention's (sequence, chunk) pairs, built on the host; a capacity fills the grid with entries
+    one chunk past the last non-empty sequence's end (an empty sequence after it is skipped)."""
+    assert chunk_indices([130, 0, 64, 1], size=64) == [(0, 0), (0, 1), (0, 2), (2, 0), (3, 0)]
+    assert chunk_indices([130, 64, 1, 0, 0], capacity=8, size=64)[5:] == [(2, 1)] * 3
+    with pytest.raises(ValueError, match="exceed the capacity"):
+        chunk_indices([130], capacity=2, size=64)
+
+
+def test_a_hybrid_rows_layout_carries_its_chunk_indices_on_the_plans_grid():
+    """Exact on the eager plan (the padding tail's chunks too); on the buckets' plan as many as the bucket's fixed
+    grid holds, so every micro-batch of a bucket launches fla's kernels over the same grid."""
+    batch = pack_samples(train_samples(320, [130, 9, 210, 4, 17, 11, 2, 30]), row_tokens=260)
+    segments = [n for segs in batch.segments for _, _, n in segs]
+    plain = flat_layout(batch, pad_multiple=128, chunks=True)
+    assert plain.chunks.dtype == torch.int32 and plain.chunks.shape[1] == 2
+    assert plain.chunks.tolist() == [list(c) for c in chunk_indices(segments + [plain.length - sum(segments)])]
+    plan = Buckets(128)
+    bucketed = flat_layout(batch, padding=plan, chunks=True)
+    bounds = bucketed.cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    capacity = plan(sum(segments), len(segments), sum(segments), max(segments), max(segments)).chunks
+    assert capacity == -(-bucketed.length // 64) + len(lengths)
+    assert bucketed.chunks.tolist() == [list(c) for c in chunk_indices(lengths, capacity)]
+    assert flat_layout(batch, pad_multiple=128).chunks is None  # dense models: none
+    ids = torch.zeros(bucketed.length, dtype=torch.long)
+    with_chunks = FlatInputs(ids, ids, bucketed.cu_seqlens, bucketed.cu_seqlens, 8, 8, chunks=bucketed.chunks)
+    assert with_chunks.key() != FlatInputs(ids, ids, bucketed.cu_seqlens, bucketed.cu_seqlens, 8, 8).key()
 
 
 @pytest.mark.parametrize("attention", [REFERENCE, FLASH_LIKE])

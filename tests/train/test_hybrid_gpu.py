@@ -249,3 +249,34 @@ def test_packed_gradients_through_the_torch_gated_backward_equal_the_reference_r
             assert a is None or not a.any(), name
             continue
         assert (a - b).abs().max() <= 1e-4 * b.abs().max().clamp(min=1e-6), name
+
+
+def test_hybrid_replays_train_to_the_eager_weights_of_the_same_buckets():
+    """`trainer.cuda_graphs=true` on tiny Qwen3.5 (not the hybrid default yet): its flat forward and backward, fla's
+    kernels on the bucket's fixed grid of chunks, replayed from CUDA graphs, train to exactly the weights the same
+    padded micro-batches give eagerly (bf16, eager layers); prefix-shared rows stay eager."""
+    from agentrl.train.config import LossConfig, OptimConfig
+    from agentrl.train.flat_graphs import FlatGraphs, cuda_capture
+    from agentrl.train.logprobs import _decoder
+    from agentrl.train.trainer import Trainer
+    from tests.helpers import train_samples
+
+    def train(capture):
+        torch.manual_seed(0)
+        model = trainable(torch.bfloat16)
+        model.train()
+        trainer = Trainer(model, TrainerConfig(row_tokens=512, rows_per_micro_batch=1, share_prefix=False),
+                          LossConfig(), OptimConfig(lr=1e-4), total_steps=4, hybrid_varlen=True)
+        trainer.graphs = FlatGraphs(_decoder(model), pad_multiple=trainer.pad_multiple, row_tokens=512,
+                                    capture=capture)
+        batch = train_samples(model.config.vocab_size, [130, 90, 210, 40, 170, 110, 20, 300, 250, 80])
+        losses = [trainer.step(batch, policy_version=0)["loss"] for _ in range(4)]
+        return model, trainer, losses
+
+    eager, _, eager_losses = train(None)
+    graphed, trainer, losses = train(cuda_capture)
+    counts = trainer.graphs.counts
+    assert counts["captured"] >= 1 and counts["replayed"] >= 2, counts
+    assert losses == eager_losses
+    for a, b in zip(graphed.parameters(), eager.parameters()):
+        assert torch.equal(a, b)
