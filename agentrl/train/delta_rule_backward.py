@@ -52,25 +52,26 @@ def chunk_bwd_dqkwg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     pos, valid, last = _chunks(B, T, chunk_size, cu_seqlens, chunk_indices, k.device)
     nc = pos.shape[0]
 
-    def per_chunk(x, heads):  # [B, T, heads, D] -> [chunks, HV, BT, D], zero past each chunk's end
-        x = x.reshape(B * T, heads, -1)[pos]
-        if heads != HV:
-            x = x.repeat_interleave(HV // heads, dim=2)
-        return (x * valid[:, :, None, None]).permute(0, 2, 1, 3)
+    # Each chunk's slots past its end hold another token's values (finite, from the flat tokens), not zeros: every
+    # product below that reads them is masked (the causal mask and the decay are zero there) or lands in a row the
+    # scatter back to tokens drops, so the inputs need no masking pass of their own.
+    def per_chunk(x, heads):  # [B, T, heads, D] -> [chunks, HV, BT, D], contiguous, in one gather
+        head = torch.arange(HV, device=x.device) // (HV // heads)  # the query head each value head reads
+        return x.reshape(B * T, heads, -1)[pos[:, None, :], head[None, :, None]]
 
     qc, kc, vc, doc = per_chunk(q, H), per_chunk(k, H), per_chunk(v, HV), per_chunk(do, HV)
-    q32, k32 = qc.float(), kc.float()
     gc = per_chunk(g.unsqueeze(-1), HV).squeeze(-1).float()  # [chunks, HV, BT]
     g_last = g.reshape(B * T, HV)[last].float()  # [chunks, HV]: the gate at each chunk's last real token
     hc, dhc = (x.reshape(nc, HV, *x.shape[-2:]) for x in (h, dh))
     if state_v_first:  # [V, K] states: the products below take [K, V]
         hc, dhc = hc.transpose(-1, -2), dhc.transpose(-1, -2)
 
+    # Products of a 16-bit and an fp32 tensor compute in fp32 (the 16-bit operand widened exactly on the fly).
     dg_last = (hc.float() * dhc.float()).sum((-1, -2)) * torch.exp2(g_last)
-    dq = _matmul(doc, hc.to(do.dtype).transpose(-1, -2)) * torch.exp2(gc)[..., None] * scale
+    dq = _matmul(doc, hc.to(do.dtype).transpose(-1, -2)).mul_(torch.exp2(gc)[..., None]).mul_(scale)
     decay = torch.where(valid[:, None, :], torch.exp2(g_last[..., None] - gc), 0.0)
-    dk = _matmul(vc, dhc.to(v.dtype).transpose(-1, -2)) * decay[..., None]
-    dg_last = dg_last + (dk * k32).sum((-1, -2))
+    dk = _matmul(vc, dhc.to(v.dtype).transpose(-1, -2)).mul_(decay[..., None])
+    dg_last = dg_last + (dk * kc).sum((-1, -2))
 
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=k.device).tril()
     mask = causal & valid[:, None, :, None] & valid[:, None, None, :]
@@ -78,7 +79,7 @@ def chunk_bwd_dqkwg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     ds = (ds * scale).to(k.dtype)
     dq = dq + _matmul(ds, kc)
     dk = dk + _matmul(ds.transpose(-1, -2), qc)
-    dg = (dq * q32).sum(-1) - (dk * k32).sum(-1)
+    dg = (dq * qc).sum(-1) - (dk * kc).sum(-1)
     is_last = torch.arange(chunk_size, device=k.device) == (last - pos[:, 0])[:, None]  # [chunks, BT]
     dg = dg + dg_last[..., None] * is_last[:, None, :]
 
@@ -86,9 +87,12 @@ def chunk_bwd_dqkwg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     dest = torch.where(valid, pos, B * T).flatten()
 
     def to_tokens(x, dtype):  # [chunks, HV, BT, ...] -> [B, T, HV, ...]
-        rows = x.transpose(1, 2).flatten(0, 1)
-        out = rows.new_empty((B * T + 1, *rows.shape[1:]), dtype=dtype)
-        return out.index_copy_(0, dest, rows.to(dtype))[:-1].reshape(B, T, *rows.shape[1:])
+        # One pass to token-major rows in the output dtype, one to scatter them.
+        rows = torch.empty((nc, x.shape[2], HV, *x.shape[3:]), dtype=dtype, device=x.device)
+        rows.copy_(x.transpose(1, 2))
+        rows = rows.flatten(0, 1)
+        out = rows.new_empty((B * T + 1, *rows.shape[1:]))
+        return out.index_copy_(0, dest, rows)[:-1].reshape(B, T, *rows.shape[1:])
 
     dq, dk = to_tokens(dq, q.dtype), to_tokens(dk, q.dtype)
     if H != HV:
@@ -96,7 +100,7 @@ def chunk_bwd_dqkwg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
         dk = dk.view(B, T, H, HV // H, K).sum(3)
     dw = None
     if w is not None:
-        dw = to_tokens(-_matmul(per_chunk(dv.to(v.dtype), HV), hc.to(v.dtype).transpose(-1, -2)), w.dtype)
+        dw = to_tokens(_matmul(per_chunk(dv.to(v.dtype), HV), hc.to(v.dtype).transpose(-1, -2)).neg_(), w.dtype)
     return dq, dk, dw, to_tokens(dg.unsqueeze(-1), torch.float32).squeeze(-1)
 
 
