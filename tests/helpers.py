@@ -264,6 +264,49 @@ def patch_triton_interpreter():
     interp.InterpreterBuilder.create_dot = create_dot
 
 
+
+def interpret_fla(monkeypatch) -> None:
+    """flash-linear-attention's kernels in Triton's interpreter (a child with TRITON_INTERPRET=1): the interpreter's
+    gaps patched (`patch_triton_interpreter`), `range` as fla's kernels expect it, and each autotuned kernel on its
+    first config (the interpreter has no benchmarker to choose among configs)."""
+    from triton.runtime.autotuner import Autotuner
+
+    patch_triton_interpreter()
+    _builtin_range_as_tensors(monkeypatch)
+    run = Autotuner.run
+
+    def first_config(self, *args, **kwargs):
+        self.configs = self.configs[:1]
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(Autotuner, "run", first_config)
+
+
+def _builtin_range_as_tensors(monkeypatch):
+    """Triton's interpreter hands a kernel's `for i in range(n)` Python ints, on which fla's kernels call `.to()`
+    (compiled, they are tensors): each interpreted kernel here sees a `range` that yields interpreter scalars."""
+    import builtins
+    import types
+
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    def scalar_range(*bounds):
+        ints = [int(np.asarray(b.handle.data).reshape(-1)[0]) if hasattr(b, "handle") else int(b) for b in bounds]
+        for i in builtins.range(*ints):
+            yield tl.tensor(interpreter.TensorHandle(np.array(i, dtype=np.int32), tl.int32), tl.int32)
+
+    init = interpreter.GridExecutor.__init__
+
+    def with_scalar_range(self, fn, *args, **kwargs):
+        fn2 = types.FunctionType(fn.__code__, {**fn.__globals__, "range": scalar_range}, fn.__name__, fn.__defaults__,
+                                 fn.__closure__)
+        fn2.__annotations__, fn2.__kwdefaults__ = fn.__annotations__, fn.__kwdefaults__
+        init(self, fn2, *args, **kwargs)
+
+    monkeypatch.setattr(interpreter.GridExecutor, "__init__", with_scalar_range)
+
 # -------------------------------------------------------------------------- packed-training references
 
 def train_samples(vocab, lengths, seed=0):

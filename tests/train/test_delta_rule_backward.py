@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from agentrl.train.delta_rule_backward import chunk_bwd_dqkwg
-from tests.helpers import INTERPRETING, interpreter_child, patch_triton_interpreter, run_in_interpreter
+from tests.helpers import INTERPRETING, interpret_fla, interpreter_child, run_in_interpreter
 
 CHUNK = 16  # fla's chunks are 64 tokens; the rule is the same at any size, and 16 keeps sequences short
 
@@ -162,16 +162,7 @@ def test_flas_own_kernel_in_the_interpreter_gives_the_same_gradients():
                                   dict(lengths=(70, 3), H=1, HV=2, K=16, V=16, state_v_first=True)])
 def test_interpreted_fla_kernel_equals_the_torch_one(case, monkeypatch):
     """fp32 only: the interpreter holds bf16 as raw integers in elementwise ops (tests.helpers widens only dots)."""
-    from triton.runtime.autotuner import Autotuner
-
-    patch_triton_interpreter()
-    run = Autotuner.run
-
-    def first_config(self, *args, **kwargs):  # the interpreter has no benchmarker to choose among configs
-        self.configs = self.configs[:1]
-        return run(self, *args, **kwargs)
-
-    monkeypatch.setattr(Autotuner, "run", first_config)
+    interpret_fla(monkeypatch)
     from fla.ops.common.chunk_o import chunk_bwd_dqkwg as fla_kernel
     from fla.ops.utils import prepare_chunk_indices
 
@@ -227,32 +218,6 @@ def test_16bit_products_on_tensor_cores_equal_the_fp32_copies(monkeypatch):
                                    msg=lambda m, n=name: f"{n}: {m}")
 
 
-def _builtin_range_as_tensors(monkeypatch):
-    """Triton's interpreter hands a kernel's `for i in range(n)` Python ints, on which fla's kernels call `.to()`
-    (compiled, they are tensors): each interpreted kernel here sees a `range` that yields interpreter scalars."""
-    import builtins
-    import types
-
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    def scalar_range(*bounds):
-        ints = [int(np.asarray(b.handle.data).reshape(-1)[0]) if hasattr(b, "handle") else int(b) for b in bounds]
-        for i in builtins.range(*ints):
-            yield tl.tensor(interpreter.TensorHandle(np.array(i, dtype=np.int32), tl.int32), tl.int32)
-
-    init = interpreter.GridExecutor.__init__
-
-    def with_scalar_range(self, fn, *args, **kwargs):
-        fn2 = types.FunctionType(fn.__code__, {**fn.__globals__, "range": scalar_range}, fn.__name__, fn.__defaults__,
-                                 fn.__closure__)
-        fn2.__annotations__, fn2.__kwdefaults__ = fn.__annotations__, fn.__kwdefaults__
-        init(self, fn2, *args, **kwargs)
-
-    monkeypatch.setattr(interpreter.GridExecutor, "__init__", with_scalar_range)
-
-
 @pytest.mark.skipif(not FLA or not INTERPRETING, reason="runs in the child of the fla test above")
 def test_interpreted_fla_rule_with_the_stand_in_equals_the_reference_rule_per_sample(monkeypatch):
     """fla's whole chunked rule over four packed sequences (one of 5 tokens, one of exactly a chunk), forward and
@@ -261,15 +226,9 @@ def test_interpreted_fla_rule_with_the_stand_in_equals_the_reference_rule_per_sa
     1e-5 of their scale (fp32)."""
     import inspect
 
-    from triton.runtime.autotuner import Autotuner
-
     from agentrl.train import delta_rule_backward
 
-    patch_triton_interpreter()
-    _builtin_range_as_tensors(monkeypatch)
-    run = Autotuner.run
-    monkeypatch.setattr(Autotuner, "run", lambda self, *a, **k: (setattr(self, "configs", self.configs[:1]),
-                                                                  run(self, *a, **k))[1])
+    interpret_fla(monkeypatch)
     monkeypatch.setattr(delta_rule_backward, "refused_by_fla", lambda g: g is not None)
     calls = []
     own = delta_rule_backward.chunk_bwd_dqkwg
@@ -306,13 +265,7 @@ def test_interpreted_fla_rule_and_conv_on_a_fixed_chunk_grid_equal_the_exact_gri
     an empty sequence closes the boundaries as the graph buckets' layouts do. fla's chunked rule (its own kernels,
     forward and backward) and its varlen convolution give exactly what the exact grid gives: outputs and every
     gradient (fp32, the interpreter)."""
-    from triton.runtime.autotuner import Autotuner
-
-    patch_triton_interpreter()
-    _builtin_range_as_tensors(monkeypatch)
-    run = Autotuner.run
-    monkeypatch.setattr(Autotuner, "run", lambda self, *a, **k: (setattr(self, "configs", self.configs[:1]),
-                                                                  run(self, *a, **k))[1])
+    interpret_fla(monkeypatch)
     _fixed_grid_equals_exact("cpu")
 
 

@@ -17,8 +17,8 @@ from agentrl.train.flat_graphs import FlatGraphs, stand_in_capture
 from agentrl.train.linear_conv import install_wrappers
 from agentrl.train.logprobs import _decoder
 from agentrl.train.trainer import Trainer
-from tests.helpers import (INTERPRETING, WELL_CONDITIONED_INIT, interpreter_child, patch_triton_interpreter,
-                           run_in_interpreter, tiny_qwen35, train_samples)
+from tests.helpers import (INTERPRETING, WELL_CONDITIONED_INIT, interpret_fla, interpreter_child, run_in_interpreter,
+                           tiny_qwen35, train_samples)
 
 FLA = importlib.util.find_spec("fla") is not None
 
@@ -64,18 +64,6 @@ def _attention_without_host_reads(*args):
 ATTENTION = va.register("agentrl_varlen_reference_unwatched", _attention_without_host_reads)
 
 
-def _interpreter(monkeypatch):
-    from triton.runtime.autotuner import Autotuner
-
-    from tests.train.test_delta_rule_backward import _builtin_range_as_tensors
-
-    patch_triton_interpreter()
-    _builtin_range_as_tensors(monkeypatch)
-    run = Autotuner.run
-    monkeypatch.setattr(Autotuner, "run", lambda self, *a, **k: (setattr(self, "configs", self.configs[:1]),
-                                                                  run(self, *a, **k))[1])
-
-
 def _trainer(capture):
     model = tiny_qwen35(WELL_CONDITIONED_INIT)
     model.set_attn_implementation(ATTENTION)
@@ -95,7 +83,7 @@ def test_interpreted_hybrid_replays_land_on_the_eager_weights_and_build_no_chunk
     the well-conditioned tiny Qwen3.5 (its fp32 rounding is ~1e-6, tests/train/test_linear_conv.py). After the
     first step nothing in the steps builds chunk indices on the device or reads a tensor back but the step's
     metrics."""
-    _interpreter(monkeypatch)
+    interpret_fla(monkeypatch)
     samples = train_samples(300, [70, 9, 33, 64, 2, 40, 25])
     weights, counts = [], None
     for capture in (None, stand_in_capture):
