@@ -11,6 +11,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from agentrl.engine.model_view import compile_decoder_layers
+from agentrl.run.build import TRAINER_COMPILE
 from agentrl.train import varlen_attention as va
 from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig
 from agentrl.train.flat_graphs import FlatGraphs, stand_in_capture
@@ -64,10 +66,12 @@ def _attention_without_host_reads(*args):
 ATTENTION = va.register("agentrl_varlen_reference_unwatched", _attention_without_host_reads)
 
 
-def _trainer(capture):
+def _trainer(capture, compiled: bool):
     model = tiny_qwen35(WELL_CONDITIONED_INIT)
     model.set_attn_implementation(ATTENTION)
     install_wrappers(model)
+    if compiled:  # as `agentrl train` compiles them (`model.compile_layers=true`), a backend without a C++ toolchain
+        compile_decoder_layers(model, backend="aot_eager", **TRAINER_COMPILE)
     trainer = Trainer(model, TrainerConfig(row_tokens=96, rows_per_micro_batch=1, share_prefix=False,
                                            skip_zero_advantage=False),
                       LossConfig(), OptimConfig(lr=1e-3, eps=1e-5), total_steps=4, hybrid_varlen=True)
@@ -78,23 +82,29 @@ def _trainer(capture):
 
 
 @pytest.mark.skipif(not FLA or not INTERPRETING, reason="runs in the child of the test above")
-def test_interpreted_hybrid_replays_land_on_the_eager_weights_and_build_no_chunks_on_the_device(monkeypatch):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager-layers", "compiled-layers"])
+def test_interpreted_hybrid_replays_land_on_the_eager_weights_and_build_no_chunks_on_the_device(compiled,
+                                                                                               monkeypatch):
     """Three steps of the same two rows (the second and third replay both buckets), one row a micro-batch; fp32,
     the well-conditioned tiny Qwen3.5 (its fp32 rounding is ~1e-6, tests/train/test_linear_conv.py). After the
     first step nothing in the steps builds chunk indices on the device or reads a tensor back but the step's
-    metrics."""
+    metrics, and compiled layers compile nothing more (a bucket's capture included)."""
     interpret_fla(monkeypatch)
+    torch._dynamo.reset()
+    frames = torch._dynamo.utils.counters["frames"]
     samples = train_samples(300, [70, 9, 33, 64, 2, 40, 25])
     weights, counts = [], None
     for capture in (None, stand_in_capture):
-        trainer = _trainer(capture)
+        trainer = _trainer(capture, compiled)
         for step in range(3):
             if step == 0:  # the run's first step also checks prefix sharing and tunes kernels: not captured
                 trainer.step(samples, policy_version=0)
                 continue
             MODE.reads.clear()
+            before = frames["ok"]
             with MODE:
                 trainer.step(samples, policy_version=0)
+            assert frames["ok"] == before, f"step {step} compiled {frames['ok'] - before} frames"
             # Reads on the host's own tensors (the layout) and of the step's results (the loss's denominator, the
             # optimizer's checks) only: none in the decoder's forward and backward that a capture would meet.
             inside = {where for _, where in MODE.reads if not where.startswith("optim.py:")} - HOST_SIDE
