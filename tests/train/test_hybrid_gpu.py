@@ -201,8 +201,10 @@ def test_prefix_shared_rows_resume_each_prefix_state_through_fla():
     """bf16 on the flat layout: a group's suffixes start from their prefix's state in fla's kernels (per-sequence
     initial states) and the trainer's check finds the shared forward within bf16 rounding of unshared packing (its
     limit is 0.05; a suffix started from zero state is off by O(1)), so a run shares the prefixes."""
+    from agentrl.train import delta_rule_backward
     from agentrl.train.prefix_forward import prefix_sharing_error, prefix_sharing_unsupported
 
+    delta_rule_backward.install()  # as a run installs it: the check runs a backward, which fla refuses on some hosts
     model = trainable(torch.bfloat16)
     assert prefix_sharing_unsupported(model) is None
     assert prefix_sharing_error(model) < 0.02
@@ -255,11 +257,14 @@ def test_hybrid_replays_train_to_the_eager_weights_of_the_same_buckets():
     """`trainer.cuda_graphs=true` on tiny Qwen3.5 (not the hybrid default yet): its flat forward and backward, fla's
     kernels on the bucket's fixed grid of chunks, replayed from CUDA graphs, train to exactly the weights the same
     padded micro-batches give eagerly (bf16, eager layers); prefix-shared rows stay eager."""
+    from agentrl.train import delta_rule_backward
     from agentrl.train.config import LossConfig, OptimConfig
     from agentrl.train.flat_graphs import FlatGraphs, cuda_capture
     from agentrl.train.logprobs import _decoder
     from agentrl.train.trainer import Trainer
     from tests.helpers import train_samples
+
+    delta_rule_backward.install()  # as a run installs it: where fla refuses its gated backward, the stand-in
 
     def train(capture):
         torch.manual_seed(0)
