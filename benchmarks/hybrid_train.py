@@ -290,7 +290,8 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     if profile and "error" not in result:
         from benchmarks.kernel_profile import print_profile
 
-        print_profile("(a) agentrl trainer", lambda: trainer.step(samples, policy_version=0), model)
+        label = "(a) agentrl trainer" + ", CUDA graphs" * graphs + ", compiled layers" * compiled
+        print_profile(label, lambda: trainer.step(samples, policy_version=0), model)
     if compiled:  # the transformers rows run eager layers
         for module in model.modules():
             module.__dict__.pop("_compiled_call_impl", None)
@@ -360,7 +361,8 @@ def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: 
     for compiled in ((False, True) if compiled_row else (False,)) if graph_rows and not smoke else ():
         paths.append(("(ag) agentrl trainer, `trainer.cuda_graphs=true`" + ", `model.compile_layers=true`" * compiled,
                       samples, steps, lambda s, k, c=compiled: agentrl_row(model, s, k, device, unlimited, smoke,
-                                                                            compile_layers=c or None, graphs=True)))
+                                                                            profile, compile_layers=c or None,
+                                                                            graphs=True)))
     if groups:
         paths.append(("(a') agentrl trainer, `trainer.share_prefix=false`", samples, steps,
                       lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, share=False)))

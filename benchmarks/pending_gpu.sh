@@ -335,12 +335,16 @@ PY
     hybrid-train-rows) TAIL=16 run "$1" 560 python3 benchmarks/hybrid.py --parts train --train-rows 2,4 \
         --train-compile --skip-hf ;;
     # #15: the hybrid's flat forward and backward replayed from CUDA graphs (`trainer.cuda_graphs=true`, opt-in for
-    # hybrids; fla's kernels on each bucket's fixed grid of chunks, `linear_conv.chunk_indices`): fla's rule and conv
-    # on a padded grid against the exact one, replays against the same buckets eager, then the train table with the
-    # graph rows (eager and compiled layers). The 14:43 UTC step was host-bound (663 ms of kernels in 1.19 s)
-    hybrid-graphs) TAIL=24 run "$1" 560 sh -c "python3 -m pytest -m gpu tests/train/test_delta_rule_backward.py \
+    # hybrids; fla's kernels on each bucket's fixed grid of chunks, `linear_conv.chunk_indices`): the train table with
+    # the graph rows (eager and compiled layers) and the kernels of the default and graph rows. The 14:43 UTC step was
+    # host-bound (663 ms of kernels in 1.19 s)
+    hybrid-graphs) TAIL=40 run "$1" 560 python3 benchmarks/hybrid.py --parts train --train-graphs --train-compile \
+        --train-profile --skip-hf ;;
+    # its GPU tests: fla's rule and conv on a padded grid against the exact one, replays against the same buckets
+    # eager (bit for bit)
+    hybrid-graphs-tests) TAIL=12 run "$1" 400 python3 -m pytest -m gpu tests/train/test_delta_rule_backward.py \
         tests/train/test_hybrid_gpu.py -k 'fixed_chunk_grid or hybrid_replays' -q -rA --tb=short -p no:cacheprovider \
-        -p no:warnings; python3 benchmarks/hybrid.py --parts train --train-graphs --train-compile --skip-hf" ;;
+        -p no:warnings ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac
 }
@@ -349,13 +353,13 @@ items=("$@")
 # host-bound), Qwen3-0.6B's profile again (40.1%), and the three default hybrid steps failing on a race in Triton's
 # autotuner (fixed on the CPU since). Since then (CPU): a hybrid's chunk indices built on the host and its flat
 # forward and backward in CUDA graphs as an option. Left: hybrid-three (that test again, and the run's packing
-# check), hybrid-graphs (the graphs' GPU tests and train rows),
+# check), hybrid-graphs and hybrid-graphs-tests (the graphs' train rows and GPU tests),
 # hybrid-train-rows (wider micro-batches), hybrid-stock-tests (the stand-in's gradients and products; fla's fp32
 # kernels compile for minutes on a cold machine), hybrid-prefix, qwen-autotune, and hybrid-train-profile (the shipped
 # Triton 3.7.1: four parts, one call each). A fresh machine's start costs 90-220 s of device time, and a machine left
 # idle 30 s is gone: keep the calls back to back
-[ ${#items[@]} -eq 0 ] && items=(hybrid-three hybrid-graphs hybrid-train-rows hybrid-stock-tests hybrid-prefix \
-  qwen-autotune hybrid-train-profile)
+[ ${#items[@]} -eq 0 ] && items=(hybrid-three hybrid-graphs hybrid-graphs-tests hybrid-train-rows hybrid-stock-tests \
+  hybrid-prefix qwen-autotune hybrid-train-profile)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4
