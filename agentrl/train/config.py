@@ -168,8 +168,9 @@ class TrainerConfig:
     # parallelism (collectives inside the layers), in deterministic runs (a bucket's first micro-batch runs
     # eagerly, at a step that differs between a straight and a resumed run) and with release_kv_during_step (the
     # graphs keep their activation memory, which that option means to hand over). Hybrid models under the varlen
-    # kernels may set it true (their chunks on a fixed grid, `linear_conv.chunk_indices`; prefix-shared rows stay
-    # eager); not yet their default: not yet measured on a GPU.
+    # kernels may set it true (their chunks on a fixed grid, `linear_conv.chunk_indices`); not yet their default:
+    # not yet measured on a GPU. Their prefix-shared rows stay eager, and a step with groups packs every row
+    # prefix-shared: with trainer.share_prefix on, only steps without groups replay.
     cuda_graphs: bool | None = None
     # Leave out of the forward and backward the samples whose advantage is 0 (a group whose members all scored
     # alike): they add exactly nothing to the gradient (agentrl.train.loss.carries_gradient), and the update stays
