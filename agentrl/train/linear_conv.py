@@ -37,6 +37,7 @@ import torch
 
 from agentrl.autotune_lock import serialize_autotuners
 
+
 @dataclass
 class _Tree:
     """A prefix-shared row (`prefix_forward`): which sequences continue another (a suffix its group's prefix), laid
@@ -185,7 +186,7 @@ def _segmented_rule(rule):
         needed = active is not None and (active.reference or active.tree is not None)
         cu = cu_seqlens if cu_seqlens is not None else (active.cu if active is not None else None)
         if not needed or cu is None or query.shape[0] != 1 or initial_state is not None or output_final_state:
-            if active is not None and active.chunks is not None and cu_seqlens is not None and not needed:
+            if active is not None and active.chunks is not None and cu_seqlens is not None:
                 kwargs = {**kwargs, "chunk_indices": active.chunks}  # fla's kernel, the row's own boundaries
             return rule(query, key, value, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
                         output_final_state=output_final_state, **kwargs)

@@ -26,7 +26,6 @@ gradient through that gather, summed, exactly as unshared packing sums it over t
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass
 
 import torch
