@@ -13,12 +13,14 @@ import os
 import subprocess
 import sys
 import threading
+import traceback
 import types
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from agentrl.engine import Engine, EngineConfig, SamplingParams
@@ -306,6 +308,38 @@ def _builtin_range_as_tensors(monkeypatch):
         init(self, fn2, *args, **kwargs)
 
     monkeypatch.setattr(interpreter.GridExecutor, "__init__", with_scalar_range)
+
+
+class HostReads(TorchDispatchMode):
+    """Records the ops that make the host wait for the device (a CUDA capture refuses them), with where each was
+    called from (`file:function`, the innermost agentrl, transformers or fla frame). `repeat_interleave` over a tensor
+    of counts is one: how fla builds chunk indices from `cu_seqlens` on the device. `unwatched(kernel)` wraps a kernel
+    whose reads are exempt (the attention's CPU stand-in reads its boundaries; flash does not)."""
+
+    HOST = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+            "item", "equal", "is_nonzero", "repeat_interleave"}
+
+    def __init__(self):
+        super().__init__()
+        self.paused, self.reads = False, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused and func.overloadpacket.__name__ in self.HOST:
+            frames = [f for f in traceback.extract_stack()[:-1]
+                      if any(k in f.filename for k in ("/fla/", "agentrl/", "transformers/"))]
+            where = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].name}" if frames else "?"
+            self.reads.append((str(func), where))
+        return func(*args, **(kwargs or {}))
+
+    def unwatched(self, kernel):
+        def run(*args):
+            self.paused = True
+            try:
+                return kernel(*args)
+            finally:
+                self.paused = False
+        return run
+
 
 # -------------------------------------------------------------------------- packed-training references
 

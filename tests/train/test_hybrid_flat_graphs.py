@@ -5,11 +5,9 @@ on the device (no read back to the host a capture would refuse), and the replaye
 weights. Needs the `gpu` extra (package `fla`); the CUDA graphs themselves are a GPU test in test_hybrid_gpu.py."""
 
 import importlib.util
-import traceback
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from agentrl.engine.model_view import compile_decoder_layers
 from agentrl.run.build import TRAINER_COMPILE
@@ -19,8 +17,8 @@ from agentrl.train.flat_graphs import FlatGraphs, stand_in_capture
 from agentrl.train.linear_conv import install_wrappers
 from agentrl.train.logprobs import _decoder
 from agentrl.train.trainer import Trainer
-from tests.helpers import (INTERPRETING, WELL_CONDITIONED_INIT, interpret_fla, interpreter_child, run_in_interpreter,
-                           tiny_qwen35, train_samples)
+from tests.helpers import (INTERPRETING, WELL_CONDITIONED_INIT, HostReads, interpret_fla, interpreter_child,
+                           run_in_interpreter, tiny_qwen35, train_samples)
 
 FLA = importlib.util.find_spec("fla") is not None
 
@@ -30,40 +28,10 @@ def test_hybrid_graph_replays_in_the_interpreter():
     run_in_interpreter(interpreter_child(__file__, "-k", "interpreted"))
 
 
-class _HostReads(TorchDispatchMode):
-    """Records the ops that make the host wait for the device (a CUDA capture refuses them), `repeat_interleave`
-    over a tensor of counts among them: how fla builds chunk indices from `cu_seqlens` on the device. The attention
-    kernel's CPU stand-in reads its boundaries on the host (flash does not) and is exempt."""
-
-    HOST = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
-            "item", "equal", "is_nonzero", "repeat_interleave"}
-
-    def __init__(self):
-        super().__init__()
-        self.paused, self.reads = False, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.paused and func.overloadpacket.__name__ in self.HOST:
-            frames = [f for f in traceback.extract_stack()[:-1] if "/fla/" in f.filename or "agentrl/" in f.filename
-                      or "transformers/" in f.filename]
-            where = f"{frames[-1].filename.rsplit('/', 2)[-1]}:{frames[-1].name}" if frames else "?"
-            self.reads.append((str(func), where))
-        return func(*args, **(kwargs or {}))
-
-
-MODE = _HostReads()
+MODE = HostReads()
+ATTENTION = va.register("agentrl_varlen_reference_unwatched", MODE.unwatched(va.reference_kernel))
+# Reads of host tensors (the layout) and of the step's results (the loss's denominator), outside the decoder
 HOST_SIDE = {"logprobs.py:flat_layout", "loss.py:samples_loss_denominator", "trainer.py:step"}
-
-
-def _attention_without_host_reads(*args):
-    MODE.paused = True
-    try:
-        return va.reference_kernel(*args)
-    finally:
-        MODE.paused = False
-
-
-ATTENTION = va.register("agentrl_varlen_reference_unwatched", _attention_without_host_reads)
 
 
 def _trainer(capture, compiled: bool):
