@@ -232,24 +232,29 @@ def hf_full_logits_step(model, groups: list[PaddedGroup], stepper, cfg, denomina
 
 # ------------------------------------------------------------------------------------------------ the rows
 
-def measure(step, steps: int, device, limit_s: float, smoke: bool) -> dict:
-    """One warm-up step, then `steps` timed ones (only the warm-up when it alone took past `limit_s`)."""
+def measure(step, steps: int, device, limit_s: float, smoke: bool, warmup: int = 1) -> dict:
+    """`warmup` untimed steps, then `steps` timed ones (only the warm-up when its first step alone took past
+    `limit_s`); the timed steps' own times are printed."""
     try:
         reset_peak(device)
-        sync(device)
-        start = time.perf_counter()
-        step()
-        sync(device)
-        warm = time.perf_counter() - start
-        if warm > limit_s:
-            return {"seconds": warm, "peak": peak_gib(device), "timed": "the warm-up step alone (past the limit)"}
-        reset_peak(device)
-        start = time.perf_counter()
-        for _ in range(steps):
+        for i in range(warmup):
+            sync(device)
+            start = time.perf_counter()
             step()
-        sync(device)
-        return {"seconds": (time.perf_counter() - start) / steps, "peak": peak_gib(device),
-                "timed": f"{steps} step{'s' * (steps > 1)} after one warm-up"}
+            sync(device)
+            warm = time.perf_counter() - start
+            if i == 0 and warm > limit_s:
+                return {"seconds": warm, "peak": peak_gib(device), "timed": "the warm-up step alone (past the limit)"}
+        reset_peak(device)
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            step()
+            sync(device)
+            times.append(time.perf_counter() - start)
+        print(f"timed steps: {', '.join(f'{t:.3f}' for t in times)} s", flush=True)
+        return {"seconds": sum(times) / steps, "peak": peak_gib(device),
+                "timed": f"{steps} step{'s' * (steps > 1)} after {warmup} warm-up{'s' * (warmup > 1)}"}
     except torch.cuda.OutOfMemoryError:
         return {"error": "out of memory"}
     except Exception as exc:  # one path failing (a kernel, a compile) must not hide the others
@@ -268,6 +273,7 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     from agentrl.train.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.logprobs import packing_error
     from agentrl.train.trainer import Trainer
+    from benchmarks.capture_watch import watch_captures
 
     from agentrl.engine.model_view import compile_decoder_layers
     from agentrl.run import build
@@ -286,7 +292,19 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     packed = trainer.pack(samples)  # also the trainer's one-time check of prefix sharing, as its first step runs it
     rows = len(packed.rows) if hasattr(packed, "rows") else packed.input_ids.shape[0]
     computed = f", {packed.num_tokens:,} tokens computed" if packed.num_tokens != sum(len(x) for x in samples) else ""
-    result = measure(lambda: trainer.step(samples, policy_version=0), steps, device, limit_s, smoke)
+    counts = []
+
+    def step():
+        metrics = trainer.step(samples, policy_version=0)
+        counts.append({k[len("flat_graphs_"):]: v for k, v in metrics.items() if k.startswith("flat_graphs_")})
+
+    # With graphs, a bucket runs eagerly the first time and is captured the second: two steps before the timed ones.
+    with watch_captures() if graphs else contextlib.nullcontext():
+        result = measure(step, steps, device, limit_s, smoke, warmup=2 if graphs else 1)
+    if graphs:
+        print(f"graph buckets a step (eager / captured / replayed): "
+              f"{', '.join('/'.join(str(c.get(k, 0)) for k in ('eager', 'captured', 'replayed')) for c in counts)}",
+              flush=True)
     if profile and "error" not in result:
         from benchmarks.kernel_profile import print_profile
 

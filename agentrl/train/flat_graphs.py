@@ -13,8 +13,8 @@ How, for one micro-batch on the flat layout (`logprobs.flat_layout`, `prefix_for
   laid out as segments of its own (no real token attends to it; every padding position is computed, from valid
   ids and positions, so nothing undefined reaches a gradient), and boundary lists are filled up with empty
   segments.
-- The first micro-batch of a bucket runs eagerly (it also compiles and tunes whatever the compiled layers need for
-  it); the second captures the forward and the backward into graphs that share one memory pool, then replays.
+- The first micro-batch of a bucket with gradients runs eagerly (it also compiles and tunes whatever the compiled
+  layers and the backward need for it; a forward without gradients does neither and does not count); the second captures the forward and the backward into graphs that share one memory pool, then replays.
   Captures run under `guard` (the run passes `Engine.pause`): no other thread's GPU work lands inside one.
 - The backward graph adds into each parameter's `.grad` in place, so those tensors must stay where the capture
   saw them: before every replay, gradients the optimizer set to None (or that an eager micro-batch made anew) are
@@ -29,6 +29,7 @@ GPU; the padded eager path (`capture=None`) is the reference a graph must equal 
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, fields, replace
@@ -40,6 +41,8 @@ import torch
 from agentrl.graph_capture import record_graph
 from agentrl.train.linear_conv import CHUNK_SIZE, packed_conv_boundaries
 from agentrl.train.varlen_attention import KV_INDEX
+
+_log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------------------ padding plans
@@ -208,6 +211,15 @@ def stand_in_capture(fn: Callable[[], None], pool) -> Callable[[], None]:
     return fn
 
 
+def _tagged(capture: Capture, fn: Callable[[], None], pool, phase: str) -> Callable[[], None]:
+    """`capture(fn, pool)`, an exception marked with the phase it came from (the forward or the backward)."""
+    try:
+        return capture(fn, pool)
+    except Exception as exc:
+        exc.capture_phase = phase
+        raise
+
+
 class _Entry:
     """One bucket's static inputs, graphs and output."""
 
@@ -225,8 +237,8 @@ class _Entry:
             torch.autograd.backward(holder.hidden, self.grad_in, inputs=params)
 
         self.holder = holder
-        self.forward = capture(forward, pool)
-        self.backward = capture(backward, pool)
+        self.forward = _tagged(capture, forward, pool, "forward")
+        self.backward = _tagged(capture, backward, pool, "backward")
         if holder.hidden is not None:
             # Keep the output's memory, not its autograd graph: a live graph keeps the parameters' gradient
             # accumulators alive, created on the capture stream, and the next capture or eager backward through them
@@ -293,8 +305,13 @@ class FlatGraphs:
         key = inputs.key()
         entry = self._entries.get(key)
         if entry is None:
+            if self.capture is None or not torch.is_grad_enabled():
+                # A forward without gradients warms nothing a capture needs (compiled layers trace a separate
+                # inference graph; the backward's kernels never run): it does not count as the bucket's eager run.
+                self.counts["eager"] += 1
+                return inputs.run(self.decoder)
             self._seen[key] = seen = self._seen.get(key, 0) + 1
-            if self.capture is None or seen <= self.capture_after or not torch.is_grad_enabled():
+            if seen <= self.capture_after:
                 self.counts["eager"] += 1
                 return inputs.run(self.decoder)
             if len(self._entries) >= self.max_graphs:
@@ -306,8 +323,10 @@ class FlatGraphs:
                     entry = self._entries[key] = _Entry(self.decoder, self.params, inputs, self.capture, self.pool)
             except Exception as exc:  # a layer or kernel that cannot be captured here: train on, eagerly
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                warnings.warn(f"capturing the trainer's forward and backward in CUDA graphs failed ({first}); "
-                              "training without them", stacklevel=2)
+                phase = getattr(exc, "capture_phase", "")
+                warnings.warn(f"capturing the trainer's forward and backward in CUDA graphs failed"
+                              f"{f' in the {phase}' if phase else ''} ({first}); training without them", stacklevel=2)
+                _log.debug("the failed capture", exc_info=exc)  # where it surfaced, for a run that asks
                 self.capture = None
                 self.counts["eager"] += 1
                 return inputs.run(self.decoder)

@@ -279,11 +279,42 @@ def test_a_capture_that_fails_warns_once_and_trains_on_eagerly():
     graphs = FlatGraphs(_decoder(model), pad_multiple=16, capture=broken)
     batch = pack_samples(train_samples(300, [13, 9, 21]), row_tokens=64)
     want, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
-    with pytest.warns(UserWarning, match="failed \\(operation not permitted when stream is capturing\\)"):
+    with pytest.warns(UserWarning, match="failed in the forward \\(operation not permitted when stream is capturing\\)"):
         got, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
     got, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)  # no new warning
     assert graphs.capture is None and graphs.counts == {"eager": 3, "captured": 0, "replayed": 0}
     torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_a_capture_failing_in_its_backward_says_so():
+    def backward_fails(fn, pool):
+        if fn.__name__ == "backward":
+            raise RuntimeError("operation failed due to a previous error during capture")
+        return fn
+
+    model = _model()
+    graphs = FlatGraphs(_decoder(model), pad_multiple=16, capture=backward_fails)
+    batch = pack_samples(train_samples(300, [13, 9, 21]), row_tokens=64)
+    packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
+    with pytest.warns(UserWarning, match="failed in the backward \\(operation failed due to a previous error"):
+        packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
+
+
+def test_forwards_without_gradients_do_not_count_as_a_buckets_eager_run():
+    """The bucket's first micro-batch with gradients runs eagerly whatever forwards without them came first (those
+    neither run the backward's kernels nor, compiled, the training graph a capture must find ready), and the one
+    after it is captured."""
+    model = _model()
+    graphs = FlatGraphs(_decoder(model), pad_multiple=16, capture=stand_in_capture)
+    batch = pack_samples(train_samples(300, [13, 9, 21]), row_tokens=64)
+    with torch.no_grad():
+        for _ in range(2):
+            packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
+    assert graphs.counts == {"eager": 2, "captured": 0, "replayed": 0}
+    packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
+    assert graphs.counts == {"eager": 3, "captured": 0, "replayed": 0}
+    packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
+    assert graphs.counts == {"eager": 3, "captured": 1, "replayed": 1}
 
 
 def test_captures_run_with_the_background_engine_paused_and_steps_beside_it_otherwise():
