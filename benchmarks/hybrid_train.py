@@ -253,7 +253,11 @@ def measure(step, steps: int, device, limit_s: float, smoke: bool, warmup: int =
             sync(device)
             times.append(time.perf_counter() - start)
         print(f"timed steps: {', '.join(f'{t:.3f}' for t in times)} s", flush=True)
-        return {"seconds": sum(times) / steps, "peak": peak_gib(device),
+        # Reserved too: memory the CUDA graphs' pool holds is reserved at capture, in the warm-up, and no allocation
+        # after the reset counts it.
+        peak = (f"{peak_gib(device):.1f} / {torch.cuda.max_memory_reserved() / 2**30:.1f}"
+                if torch.device(device).type == "cuda" else None)
+        return {"seconds": sum(times) / steps, "peak": peak,
                 "timed": f"{steps} step{'s' * (steps > 1)} after {warmup} warm-up{'s' * (warmup > 1)}"}
     except torch.cuda.OutOfMemoryError:
         return {"error": "out of memory"}
@@ -265,10 +269,14 @@ def measure(step, steps: int, device, limit_s: float, smoke: bool, warmup: int =
 
 def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool, profile: bool = False,
                 share: bool = True, compile_layers: bool | None = None, micro_rows: int | None = None,
-                graphs: bool = False) -> dict:
+                graphs: bool | None = None) -> dict:
     """agentrl's trainer as `agentrl train` builds it on this device; `profile`: then one step's kernel table;
     `share=False`: `trainer.share_prefix=false`; `compile_layers`: `model.compile_layers` (None: the default);
-    `micro_rows`: `trainer.rows_per_micro_batch` (None: the default); `graphs`: `trainer.cuda_graphs=true`."""
+    `micro_rows`: `trainer.rows_per_micro_batch` (None: the default); `graphs`: `trainer.cuda_graphs` (None: the
+    default)."""
+    import dataclasses
+
+    from agentrl.run.config import TrainConfig
     from agentrl.run.build import _trainable
     from agentrl.train.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.logprobs import packing_error
@@ -286,8 +294,11 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     if compiled:
         compile_decoder_layers(model, activation_memory_budget=model_cfg.activation_memory_budget,
                                **getattr(build, "TRAINER_COMPILE", {}))
-    trainer = Trainer(model, TrainerConfig(row_tokens=ROW_TOKENS, share_prefix=share, rows_per_micro_batch=micro_rows),
-                      LossConfig(), OptimConfig(), cuda_graphs=graphs and varlen,
+    trainer_cfg = TrainerConfig(row_tokens=ROW_TOKENS, share_prefix=share, rows_per_micro_batch=micro_rows,
+                                cuda_graphs=graphs)
+    graphs = build.trainer_graphs(dataclasses.replace(TrainConfig(), model=model_cfg, trainer=trainer_cfg), model,
+                                  device.type) and varlen
+    trainer = Trainer(model, trainer_cfg, LossConfig(), OptimConfig(), cuda_graphs=graphs,
                       total_steps=steps + 2, hybrid_varlen=varlen)
     packed = trainer.pack(samples)  # also the trainer's one-time check of prefix sharing, as its first step runs it
     rows = len(packed.rows) if hasattr(packed, "rows") else packed.input_ids.shape[0]
@@ -353,12 +364,13 @@ def hf_row(model, samples, steps: int, device, limit_s: float, smoke: bool, refe
 def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: float, skip_hf: bool, smoke: bool,
                 device, profile: bool = False, groups: bool = False,
                 compiled_row: bool = False, micro_rows: tuple[int, ...] = (),
-                graph_rows: bool = False) -> tuple[list[str], list[list], list[str]]:
+                eager_rows: bool = False) -> tuple[list[str], list[list], list[str]]:
     """The train-step table: (columns, rows, notes); `profile`: the kernels of one agentrl step, printed; `groups`:
     hotpotqa_search-shaped groups sharing a prompt, with a row for the trainer packing them unshared; `micro_rows`:
     more agentrl rows with that many packed rows a micro-batch (one forward and backward over all of them: fewer
-    layer calls, each over more tokens), compiled too with `compiled_row`; `graph_rows`: more with the flat forward
-    and backward replayed from CUDA graphs (`trainer.cuda_graphs=true`), compiled too with `compiled_row`."""
+    layer calls, each over more tokens), compiled too with `compiled_row`; `eager_rows`: more with the flat forward
+    and backward run eagerly rather than replayed from CUDA graphs (`trainer.cuda_graphs=false`; the graphs are the
+    default on CUDA), compiled too with `compiled_row`."""
     vocab = model.config.vocab_size
     samples = make_group_samples(tokens, vocab) if groups else make_samples(tokens, vocab)
     reference_samples = make_samples(reference_tokens, vocab, seed=1)
@@ -376,11 +388,11 @@ def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: 
                           + ", `model.compile_layers=true`" * compiled, samples, steps,
                           lambda s, k, r=r, c=compiled: agentrl_row(model, s, k, device, unlimited, smoke,
                                                                     compile_layers=c or None, micro_rows=r)))
-    for compiled in ((False, True) if compiled_row else (False,)) if graph_rows and not smoke else ():
-        paths.append(("(ag) agentrl trainer, `trainer.cuda_graphs=true`" + ", `model.compile_layers=true`" * compiled,
+    for compiled in ((False, True) if compiled_row else (False,)) if eager_rows and not smoke else ():
+        paths.append(("(ae) agentrl trainer, `trainer.cuda_graphs=false`" + ", `model.compile_layers=true`" * compiled,
                       samples, steps, lambda s, k, c=compiled: agentrl_row(model, s, k, device, unlimited, smoke,
                                                                             profile, compile_layers=c or None,
-                                                                            graphs=True)))
+                                                                            graphs=False)))
     if groups:
         paths.append(("(a') agentrl trainer, `trainer.share_prefix=false`", samples, steps,
                       lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, share=False)))
@@ -419,5 +431,6 @@ def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: 
     if not skip_hf:
         notes.append(f"(c) runs {reference_tokens:,} tokens (other samples of the same lengths' distribution) and one "
                      "timed step: transformers' torch reference delta rule is slow")
-    columns = ["path", "samples / tokens", "layout", "s/step", "tok/s", "MFU", "peak GiB", "kernels; timed"]
+    columns = ["path", "samples / tokens", "layout", "s/step", "tok/s", "MFU", "peak GiB (allocated / reserved)",
+               "kernels; timed"]
     return columns, rows, notes

@@ -191,11 +191,12 @@ def compile_trainer_layers(cfg: TrainConfig, model, device: str, **options) -> b
 
 def trainer_graphs(cfg: TrainConfig, model, device: str) -> bool:
     """Whether the trainer replays its flat forward and backward from CUDA graphs (`trainer.cuda_graphs`; None: on
-    for CUDA runs of dense models under the varlen attention, save the exceptions TrainerConfig gives reasons for)."""
+    for CUDA runs under the varlen attention, a hybrid model's through its varlen kernels, save the exceptions
+    TrainerConfig gives reasons for)."""
     if cfg.trainer.cuda_graphs is not None:
         return cfg.trainer.cuda_graphs
-    return (device == "cuda" and takes_flat_layout(model) and not is_hybrid(model) and cfg.parallel.tp_size == 1
-            and not cfg.deterministic and not cfg.release_kv_during_step)
+    return (device == "cuda" and takes_flat_layout(model) and (not is_hybrid(model) or hybrid_varlen(cfg.model, device))
+            and cfg.parallel.tp_size == 1 and not cfg.deterministic and not cfg.release_kv_during_step)
 
 
 def check_hybrid_kernels(cfg: ModelConfig, model, device: str) -> None:

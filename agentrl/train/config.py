@@ -164,13 +164,13 @@ class TrainerConfig:
     # Replay each micro-batch's decoder forward and backward from CUDA graphs, one pair per shape bucket
     # (agentrl.train.flat_graphs): two launches where a small model's step launches thousands of kernels, each of
     # which waits for the GIL beside the engine's thread. None (resolved by agentrl.run.build.trainer_graphs): on for
-    # CUDA runs whose forward takes the flat layout (dense models under the varlen kernel), except under tensor
+    # CUDA runs whose forward takes the flat layout (dense models under the varlen kernel, hybrid ones under their
+    # varlen kernels too, their chunks on a fixed grid, `linear_conv.chunk_indices`), except under tensor
     # parallelism (collectives inside the layers), in deterministic runs (a bucket's first micro-batch runs
     # eagerly, at a step that differs between a straight and a resumed run) and with release_kv_during_step (the
-    # graphs keep their activation memory, which that option means to hand over). Hybrid models under the varlen
-    # kernels may set it true (their chunks on a fixed grid, `linear_conv.chunk_indices`); not yet their default:
-    # not yet measured on a GPU. Their prefix-shared rows stay eager, and a step with groups packs every row
-    # prefix-shared: with trainer.share_prefix on, only steps without groups replay.
+    # graphs keep their activation memory, which that option means to hand over). A hybrid's prefix-shared rows
+    # stay eager, and a step with groups packs every row prefix-shared: with trainer.share_prefix on, only its
+    # steps without groups replay.
     cuda_graphs: bool | None = None
     # Leave out of the forward and backward the samples whose advantage is 0 (a group whose members all scored
     # alike): they add exactly nothing to the gradient (agentrl.train.loss.carries_gradient), and the update stays

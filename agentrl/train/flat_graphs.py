@@ -157,16 +157,28 @@ class FlatInputs:
         # Each tensor starts its own storage. The layouts arrive as views into one host-to-device copy (storage
         # offsets > 1), a bucket's static copies are fresh tensors (offset 0), and compiled layers guard on the
         # offset (0/1 specialization): the first capture would otherwise recompile every layer frame in the step
-        # that captures (tests/train/test_compile_default.py, the graphs case).
+        # that captures (tests/train/test_compile_default.py, the graphs cases).
+        self._replace_tensors(lambda t: t.clone() if t.storage_offset() else t)
+
+    def _replace_tensors(self, new: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Every tensor field through `new`, one call per distinct tensor: fields that are one tensor stay one (a
+        plain row's query and key boundaries). Compiled layers guard on that aliasing too; a static copy that split
+        them recompiled every layer inside the capture, whose first run of the new kernels (inductor benchmarks
+        them) the capture cannot take."""
+        done: dict[int, torch.Tensor] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor) and value.storage_offset():
-                setattr(self, f.name, value.clone())
+            if isinstance(value, torch.Tensor):
+                if id(value) not in done:
+                    done[id(value)] = new(value)
+                setattr(self, f.name, done[id(value)])
 
     def key(self) -> tuple:
         kv = -1 if self.kv_index is None else self.kv_index.numel()
         chunks = -1 if self.chunks is None else self.chunks.numel()
-        return self.ids.numel(), self.cu_q.numel(), self.cu_k.numel(), kv, self.max_q, self.max_k, chunks
+        # Whether the boundaries are one tensor: a bucket's static copy keeps that aliasing, so its inputs must too.
+        return (self.ids.numel(), self.cu_q.numel(), self.cu_k.numel(), kv, self.max_q, self.max_k, chunks,
+                self.cu_q is self.cu_k)
 
     def run(self, decoder) -> torch.Tensor:
         """Final hidden states `[N, H]`: the decoder over one flat row, the boundaries passed to every layer; with
@@ -185,8 +197,9 @@ class FlatInputs:
         return [getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)]
 
     def static_copy(self) -> FlatInputs:
-        return replace(self, **{f.name: getattr(self, f.name).clone() for f in fields(self)
-                                if isinstance(getattr(self, f.name), torch.Tensor)})
+        copy = replace(self)
+        copy._replace_tensors(torch.Tensor.clone)
+        return copy
 
 
 def flat_forward(decoder, inputs: FlatInputs, graphs: FlatGraphs | None) -> torch.Tensor:

@@ -118,8 +118,9 @@ def _trainer(attention: str, compiled: bool, share_prefix: bool = True, graphs: 
 
 
 @pytest.mark.parametrize("attention,share_prefix,graphs", [(REFERENCE, True, False), (REFERENCE, False, False),
-                                                          ("sdpa", True, False), (REFERENCE, True, True)],
-                         ids=["flat-shared", "flat", "rows", "flat-shared-graphs"])
+                                                          ("sdpa", True, False), (REFERENCE, True, True),
+                                                          (REFERENCE, False, True)],
+                         ids=["flat-shared", "flat", "rows", "flat-shared-graphs", "flat-graphs"])
 def test_compiled_layers_settle_and_step_to_the_eager_weights(attention, share_prefix, graphs):
     """The GPU default's flat varlen layout with prefix sharing (kv_index, per-step boundaries and Python-int max
     lengths), unshared, and the rows path with its tree mask: with sharing, the first step also runs the trainer's

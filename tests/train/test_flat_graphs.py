@@ -257,7 +257,10 @@ def test_graphs_are_on_for_flat_cuda_runs_only_unless_set():
     assert trainer_graphs(cfg, flat, "cuda") is True
     assert trainer_graphs(cfg, flat, "cpu") is False
     assert trainer_graphs(cfg, rows, "cuda") is False  # sdpa / flex rows: no flat layout
-    assert trainer_graphs(cfg, hybrid, "cuda") is False
+    hybrid.set_attn_implementation(flat.config._attn_implementation)  # the varlen attention, as on GPU
+    assert trainer_graphs(cfg, hybrid, "cuda") is True  # through fla's varlen kernels, the GPU default
+    per_sample = TrainConfig.from_dict({}, ["--model.hybrid_varlen=false"])
+    assert trainer_graphs(per_sample, hybrid, "cuda") is False  # its packed rows run sample by sample
     assert trainer_graphs(dataclasses.replace(cfg, deterministic=True), flat, "cuda") is False
     assert trainer_graphs(dataclasses.replace(cfg, release_kv_during_step=True), flat, "cuda") is False
     off = TrainConfig.from_dict({}, ["--trainer.cuda_graphs=false"])
@@ -284,6 +287,21 @@ def test_a_capture_that_fails_warns_once_and_trains_on_eagerly():
     got, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)  # no new warning
     assert graphs.capture is None and graphs.counts == {"eager": 3, "captured": 0, "replayed": 0}
     torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_static_copies_keep_fields_that_are_one_tensor_one():
+    """A plain row's query and key boundaries are one tensor; compiled layers guard on that, so a bucket's static
+    copy keeps it (split, every layer recompiled inside the GPU capture). The key tells the two apart."""
+    ids = torch.arange(8)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    inputs = FlatInputs(ids, ids.clone(), cu, cu, 5, 5)
+    copy = inputs.static_copy()
+    assert copy.cu_q is copy.cu_k and copy.cu_q is not cu and torch.equal(copy.cu_q, cu)
+    assert copy.ids is not copy.pos
+    views = torch.cat([torch.zeros(1, dtype=torch.int32), cu]).narrow(0, 1, 3)  # a view at a storage offset
+    fresh = FlatInputs(ids, ids, views, views, 5, 5)
+    assert fresh.cu_q is fresh.cu_k and fresh.cu_q.storage_offset() == 0 and fresh.ids is fresh.pos
+    assert FlatInputs(ids, ids, cu, cu.clone(), 5, 5).key() != inputs.key()
 
 
 def test_a_capture_failing_in_its_backward_says_so():

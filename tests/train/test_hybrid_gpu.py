@@ -114,7 +114,8 @@ def test_packed_logprobs_in_bf16_are_as_close_to_fp32_as_per_sample_ones():
 def test_train_tiny_qwen35_three_default_steps_on_the_packed_varlen_path(tmp_path, monkeypatch, capfd):
     """`agentrl train gsm8k_math --model tiny-qwen3.5 --max-steps 3` with default options: three steps, the run's
     varlen check passed (the trainer's flag, and no fallback warning), every training forward went through the
-    packed varlen route and none through the per-sample one, and the engine prefilled through fla's varlen kernels."""
+    packed varlen route and none through the per-sample one, the trainer's CUDA graphs on (no failed capture; the
+    grouped rollouts' prefix-shared rows run eagerly), and the engine prefilled through fla's varlen kernels."""
     from agentrl.cli import main
     from agentrl.engine import linear_state
     from agentrl.train.trainer import Trainer
@@ -161,6 +162,8 @@ def test_train_tiny_qwen35_three_default_steps_on_the_packed_varlen_path(tmp_pat
     fallback = [line for line in err.splitlines() if "packed samples" in line]
     assert not fallback, fallback  # the run's check found the packed rows differing from per-sample
     assert len(trainers) == 1 and trainers[0].hybrid_varlen is True
+    assert trainers[0].graphs is not None  # the flat forward and backward from CUDA graphs, a hybrid's default too
+    assert "CUDA graphs failed" not in err, err
     assert routes and set(routes) <= {"_flat_hidden_states", "_varlen_hidden_states"}, routes
     assert len(engines) == 1 and engines[0].kernels is not None and layouts
 
@@ -254,7 +257,7 @@ def test_packed_gradients_through_the_torch_gated_backward_equal_the_reference_r
 
 
 def test_hybrid_replays_train_to_the_eager_weights_of_the_same_buckets():
-    """`trainer.cuda_graphs=true` on tiny Qwen3.5 (not the hybrid default yet): its flat forward and backward, fla's
+    """CUDA graphs on tiny Qwen3.5 (`trainer.cuda_graphs`, the default): its flat forward and backward, fla's
     kernels on the bucket's fixed grid of chunks, replayed from CUDA graphs, train to exactly the weights the same
     padded micro-batches give eagerly (bf16, eager layers); prefix-shared rows stay eager."""
     from agentrl.train import delta_rule_backward
