@@ -294,6 +294,10 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     if compiled:
         compile_decoder_layers(model, activation_memory_budget=model_cfg.activation_memory_budget,
                                **getattr(build, "TRAINER_COMPILE", {}))
+    from agentrl.train import delta_rule_backward
+
+    # As `agentrl train` compiles them: the gated backward's stand-in with the layers (a process-wide choice).
+    delta_rule_backward.compile_stand_in(compiled)
     trainer_cfg = TrainerConfig(row_tokens=ROW_TOKENS, share_prefix=share, rows_per_micro_batch=micro_rows,
                                 cuda_graphs=graphs)
     graphs = build.trainer_graphs(dataclasses.replace(TrainConfig(), model=model_cfg, trainer=trainer_cfg), model,

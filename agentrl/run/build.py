@@ -184,6 +184,8 @@ def compile_trainer_layers(cfg: TrainConfig, model, device: str, **options) -> b
         # The convolution and the chunked delta rule as graph breaks on every path, the per-sample one included:
         # traced, the PyTorch reference rule's padding to whole chunks fails inductor's lowering with dynamic shapes.
         install_wrappers(model)
+        # The backward's PyTorch stand-in for the kernel fla refuses here, if it is called at all, compiled as well.
+        delta_rule_backward.compile_stand_in(**{k: v for k, v in options.items() if k == "backend"})
     compile_decoder_layers(model, activation_memory_budget=cfg.model.activation_memory_budget,
                            **{**TRAINER_COMPILE, **options})
     return True

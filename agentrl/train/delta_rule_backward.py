@@ -25,11 +25,19 @@ results agree to the kernel's own rounding; on CUDA those products run on tensor
 
 It is registered through fla's backend registry (`fla.backends`) for the case fla refuses and nothing else: every
 other kernel of the rule stays fla's, and a host with Triton ≥ 3.7.1 or TileLang never calls it.
+
+Eagerly it is a few dozen kernels a call, most of them elementwise passes over fp32 chunks. Where a run compiles
+the trainer's layers (`model.compile_layers`), it compiles this function as well (`compile_stand_in`): one graph, no
+breaks, its elementwise work fused around the matrix products. A compile that fails warns once and the eager
+function takes over.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+import warnings
+from typing import Callable
 
 import torch
 
@@ -163,6 +171,41 @@ def refused_by_fla(g) -> bool:
     return g is not None and IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1
 
 
+_COMPILE: dict | None = None  # torch.compile's options for the stand-in (None: eager)
+_compiled: Callable | None = None
+_SIGNATURE = inspect.signature(chunk_bwd_dqkwg)
+
+
+def compile_stand_in(enabled: bool = True, **options) -> None:
+    """From now on the registered backend runs `chunk_bwd_dqkwg` compiled (`options` go to `torch.compile`, over a
+    whole graph with dynamic shapes: a packed row's chunk count changes from step to step), or eagerly again with
+    `enabled=False`. Idempotent."""
+    global _COMPILE, _compiled
+    options = {"dynamic": True, "fullgraph": True, **options} if enabled else None
+    if options != _COMPILE:
+        _COMPILE, _compiled = options, None
+
+
+def _run(*args, **kwargs):
+    """The backend's call: compiled where `compile_stand_in` asked for it (its first call for a shape compiles, in
+    a bucket's eager micro-batch, never inside a CUDA graph's capture), else eager."""
+    global _compiled, _COMPILE
+    bound = _SIGNATURE.bind(*args, **kwargs).arguments
+    if _COMPILE is None or (bound.get("cu_seqlens") is not None and bound.get("chunk_indices") is None):
+        # Without chunk indices a packed row's chunks are counted on the host: no whole graph (fla passes them)
+        return chunk_bwd_dqkwg(*args, **kwargs)
+    _bmm_fp32_out(bound["q"].device)  # probed eagerly: the compiled graph reads the cached answer
+    if _compiled is None:
+        _compiled = torch.compile(chunk_bwd_dqkwg, **_COMPILE)
+    try:
+        return _compiled(*args, **kwargs)
+    except Exception as exc:  # a lowering this torch lacks: the eager function, for the rest of the process
+        _COMPILE, _compiled = None, None
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        warnings.warn(f"compiling agentrl's gated delta-rule backward failed ({first}); it runs eagerly", stacklevel=2)
+        return chunk_bwd_dqkwg(*args, **kwargs)
+
+
 def install() -> bool:
     """Register `chunk_bwd_dqkwg` with flash-linear-attention's backend registry for the calls fla would refuse;
     returns whether it is registered (False where fla, or its registry, is absent). Idempotent."""
@@ -181,7 +224,7 @@ def install() -> bool:
             return True, None
 
         def chunk_bwd_dqkwg(self, *args, **kwargs):
-            return chunk_bwd_dqkwg(*args, **kwargs)
+            return _run(*args, **kwargs)
 
     register("common")(TorchGatedBackward)  # replaces an earlier registration of the same type
     global _installed

@@ -14,7 +14,8 @@ How, for one micro-batch on the flat layout (`logprobs.flat_layout`, `prefix_for
   ids and positions, so nothing undefined reaches a gradient), and boundary lists are filled up with empty
   segments.
 - The first micro-batch of a bucket with gradients runs eagerly (it also compiles and tunes whatever the compiled
-  layers and the backward need for it; a forward without gradients does neither and does not count); the second captures the forward and the backward into graphs that share one memory pool, then replays.
+  layers and the backward need for it; a forward without gradients does neither and does not count); the second
+  captures the forward and the backward into graphs that share one memory pool, then replays.
   Captures run under `guard` (the run passes `Engine.pause`): no other thread's GPU work lands inside one.
 - The backward graph adds into each parameter's `.grad` in place, so those tensors must stay where the capture
   saw them: before every replay, gradients the optimizer set to None (or that an eager micro-batch made anew) are

@@ -315,3 +315,86 @@ def _fixed_grid_equals_exact(device: str) -> None:
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda m, n=name: f"rule {n}: {m}")
     for name, a, b in zip(("y", "dx", "dweight"), conv(grid), conv(exact)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda m, n=name: f"conv {n}: {m}")
+
+
+def test_the_compiled_stand_in_is_one_graph_that_gives_the_eager_gradients(monkeypatch):
+    """`compile_stand_in` (a run that compiles its layers): the backend's calls run one whole graph (fullgraph, no
+    breaks), compiled once for every packed row's chunk count (dynamic shapes), with the eager results. A backend
+    here that needs no C++ toolchain: the graph is what is checked, not inductor's code."""
+    from agentrl.train import delta_rule_backward
+    from agentrl.train.linear_conv import chunk_indices
+
+    monkeypatch.setattr(delta_rule_backward, "_COMPILE", None)
+    delta_rule_backward.compile_stand_in(backend="aot_eager")
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]
+    try:
+        for n, lengths in enumerate([(37, 5, 16, 50), (70, 9, 33, 64, 2), (16, 1, 31)]):
+            t, _ = inputs(lengths, 2, 4, 8, 12, seed=n)
+            t["cu_seqlens"] = t["cu_seqlens"].int()
+            indices = torch.tensor(chunk_indices(t["cu_seqlens"].diff().tolist(), size=CHUNK), dtype=torch.int32)
+            before = graphs["unique_graphs"]
+            got = delta_rule_backward._run(**t, scale=0.3, chunk_size=CHUNK, chunk_indices=indices)
+            assert graphs["unique_graphs"] - before == (1 if n == 0 else 0)  # one graph, kept across chunk counts
+            want = chunk_bwd_dqkwg(**t, scale=0.3, chunk_size=CHUNK, chunk_indices=indices)
+            for name, a, b in zip(("dq", "dk", "dw", "dg"), got, want):
+                torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda m, x=name: f"{x}: {m}")
+        # Fixed-length rows (no boundaries) compile too; a packed row without chunk indices stays eager.
+        t, _ = inputs((41,), 2, 2, 8, 8, batch_rows=3)
+        for a, b in zip(delta_rule_backward._run(**t, chunk_size=CHUNK), chunk_bwd_dqkwg(**t, chunk_size=CHUNK)):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+        before = graphs["unique_graphs"]
+        t, _ = inputs((37, 5, 50), 2, 4, 8, 8)
+        delta_rule_backward._run(**t, chunk_size=CHUNK)
+        assert graphs["unique_graphs"] == before and delta_rule_backward._COMPILE is not None
+    finally:
+        torch._dynamo.reset()
+        delta_rule_backward.compile_stand_in(False)
+    assert delta_rule_backward._COMPILE is None
+
+
+def test_a_stand_in_that_fails_to_compile_warns_once_and_runs_eagerly(monkeypatch):
+    from agentrl.train import delta_rule_backward
+
+    def broken(fn, **options):
+        def call(*args, **kwargs):
+            raise RuntimeError("no lowering for aten.bmm.dtype\nmore")
+        return call
+
+    monkeypatch.setattr(delta_rule_backward, "_COMPILE", None)
+    monkeypatch.setattr(torch, "compile", broken)
+    delta_rule_backward.compile_stand_in()
+    t, _ = inputs((41,), 2, 2, 8, 8, batch_rows=3)
+    with pytest.warns(UserWarning, match="compiling agentrl's gated delta-rule backward failed \\(no lowering"):
+        got = delta_rule_backward._run(**t, chunk_size=CHUNK)
+    assert delta_rule_backward._COMPILE is None  # eager from now on, without another warning
+    for a, b in zip(got, chunk_bwd_dqkwg(**t, chunk_size=CHUNK)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_stand_in_compiled_by_inductor_on_cuda_gives_the_eager_gradients(monkeypatch):
+    """The compiled stand-in as a run with compiled layers gets it (inductor, bf16 products on tensor cores): the
+    eager results within the rounding of its fused fp32 work (bf16 outputs may land on a neighbouring value)."""
+    from agentrl.train import delta_rule_backward
+    from agentrl.train.linear_conv import chunk_indices
+
+    monkeypatch.setattr(delta_rule_backward, "_COMPILE", None)
+    delta_rule_backward.compile_stand_in()
+    try:
+        for lengths in [(130, 5, 64, 70), (300, 17, 90)]:
+            t, _ = inputs(lengths, 2, 4, 32, 64, chunk=64)
+            t = {n: (x.cuda().bfloat16() if torch.is_tensor(x) and x.is_floating_point() and n != "g" else
+                     x.cuda().int() if torch.is_tensor(x) else x) for n, x in t.items()}
+            indices = torch.tensor(chunk_indices(t["cu_seqlens"].diff().tolist(), size=64), dtype=torch.int32,
+                                   device="cuda")
+            got = delta_rule_backward._run(**t, chunk_size=64, chunk_indices=indices)
+            assert delta_rule_backward._COMPILE is not None  # it compiled, and ran compiled
+            want = chunk_bwd_dqkwg(**t, chunk_size=64, chunk_indices=indices)
+            for name, a, b in zip(("dq", "dk", "dw", "dg"), got, want):
+                tol = 1e-5 if a.dtype == torch.float32 else 1e-2
+                torch.testing.assert_close(a.float(), b.float(), atol=tol * b.float().abs().max().item(), rtol=tol,
+                                           msg=lambda m, n=name: f"{n}: {m}")
+    finally:
+        delta_rule_backward.compile_stand_in(False)

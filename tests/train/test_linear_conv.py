@@ -207,11 +207,16 @@ def test_compiled_hybrid_layers_break_around_the_rule_on_the_per_sample_path_too
     compiled = copy.deepcopy(eager)
     cfg = TrainConfig()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, compile_layers=True))
+    from agentrl.train import delta_rule_backward
+
+    monkeypatch.setattr(delta_rule_backward, "_COMPILE", None)
     torch._dynamo.reset()
     try:
         assert compile_trainer_layers(cfg, compiled, "cpu", backend="aot_eager")
         for name in ("causal_conv1d_fn", linear_conv._RULE):
             assert getattr(modeling, name) is linear_conv._INSTALLED[(modeling.__name__, name)]
+        # The backward's stand-in for the kernel fla refuses is compiled with the layers, by the same backend.
+        assert delta_rule_backward._COMPILE == {"dynamic": True, "fullgraph": True, "backend": "aot_eager"}
         batch = _synthetic_row(eager, (9, 70, 3), seed=0)
         got = packed_token_logprobs(compiled, batch, hybrid_varlen=False)[0]
         want = packed_token_logprobs(eager, batch, hybrid_varlen=False)[0]
