@@ -85,11 +85,18 @@ def modeling_modules(model) -> list:
 
 def implementation_module(fn) -> str:
     """The module of the function a transformers kernel entry point runs: the kernel package's when it dispatched
-    to one (the closure's `implementation`), else the torch function's own."""
-    code = getattr(fn, "__code__", None)
-    free = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ()))) if code is not None else {}
-    target = free.get("implementation") or inspect.unwrap(fn)
-    return getattr(target, "__module__", "") or ""
+    to one (the closure's `implementation`, found down the chain of wrappers agentrl puts over it), else the torch
+    function's own."""
+    while fn is not None:
+        code = getattr(fn, "__code__", None)
+        cells = zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ())) if code is not None else ()
+        implementation = dict(cells).get("implementation")
+        if implementation is not None:
+            return getattr(implementation, "__module__", "") or ""
+        if getattr(fn, "__wrapped__", None) is None:
+            return getattr(fn, "__module__", "") or ""
+        fn = fn.__wrapped__
+    return ""
 
 
 def delta_rule_kernel(model) -> str:

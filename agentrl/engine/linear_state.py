@@ -30,7 +30,8 @@ depend only on positions, so the same prompt is computed the same way whether or
 The view's linear-attention modules get this forward instead of transformers' own, which reads its state
 from a Cache object over a padded batch; on the per-sequence path the math functions (conv, chunked / recurrent
 delta rule, gated norm) are still the model's own, so a fused kernel registered for them is what runs
-(transformers resolves its `torch_*_gated_delta_rule` names to fla's kernels where fla is installed).
+(transformers resolves its `torch_*_gated_delta_rule` names to fla's kernels where fla is installed; on a device fla
+cannot run on, `agentrl.linear_kernels` sends them to its PyTorch reference).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import torch.nn.functional as F
 
 from agentrl.engine.fused_projections import linear_attention_inputs
 from agentrl.engine.linear_varlen import VarlenLayout, _qkv, _varlen_chunks, varlen_kernels, varlen_layout
+from agentrl.linear_kernels import route_by_device
 
 _REQUIRED = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "A_log", "dt_bias", "norm", "out_proj",
              "key_dim", "value_dim", "head_k_dim", "head_v_dim", "conv_kernel_size", "activation")
@@ -93,6 +95,7 @@ class LinearStates:
                 f"no supported linear-attention module found for layers {sorted(wanted - set(self.modules))}")
         shapes = set()
         for m in self.modules.values():
+            route_by_device(m)
             shapes.add(((m.key_dim * 2 + m.value_dim, m.conv_kernel_size - 1),
                         (m.value_dim // m.head_v_dim, m.head_k_dim, m.head_v_dim)))
             m.forward = types.MethodType(_packed_forward, m)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from agentrl.autotune_lock import serialize_autotuners
+from agentrl.linear_kernels import mark_routed, route_by_device
 
 
 @dataclass
@@ -113,7 +114,6 @@ def varlen_conv():
 
 
 def _boundary_conv(conv):
-    @torch.compiler.disable  # compiled layers break around it (it reads the forward's boundaries from a context)
     def conv_within_samples(hidden_states: torch.Tensor, weight, bias=None, activation=None, **kwargs):
         active = _CU_SEQLENS.get()
         batch, channels, length = hidden_states.shape
@@ -145,7 +145,9 @@ def _boundary_conv(conv):
         spread[..., index] = hidden_states
         return conv(spread, weight, bias, activation, **kwargs)[..., index]
 
-    return conv_within_samples
+    conv_within_samples.__wrapped__ = conv  # `inspect.unwrap` reaches what it wraps, transformers' own at the end
+    # Compiled layers break around it (it reads the forward's boundaries from a context).
+    return torch.compiler.disable(conv_within_samples)
 
 
 def _per_segment(reference, query, key, value, g, beta, bounds: list[int], initial_state=None, **kwargs):
@@ -179,7 +181,6 @@ def _segmented_rule(rule):
         return rule(query, key, value, g=g, beta=beta, cu_seqlens=cu, initial_state=initial_state,
                     output_final_state=True, **kwargs)
 
-    @torch.compiler.disable  # compiled layers break around it, as around the convolution
     def rule_within_samples(query, key, value, g, beta, cu_seqlens=None, initial_state=None,
                             output_final_state=False, **kwargs):
         active = _CU_SEQLENS.get()
@@ -205,7 +206,8 @@ def _segmented_rule(rule):
             out = out.index_copy(1, tree.children, out_children)
         return out, None
 
-    return rule_within_samples
+    rule_within_samples.__wrapped__ = rule
+    return torch.compiler.disable(rule_within_samples)  # compiled layers break around it, as around the conv
 
 
 def use_reference_delta_rule(model) -> None:
@@ -300,9 +302,11 @@ def install_wrappers(model) -> None:
     `functools.wraps` copies its attributes, so a mark would say "ours" of it)."""
     if importlib.util.find_spec("fla") is not None:
         serialize_autotuners()  # fla's autotuned kernels behind them are called from the engine's thread too
+    route_by_device(model)  # beneath ours: fla's kernels only where the tensors' device can run them
     for module in _modeling_modules(model):
         for name, wrap in (("causal_conv1d_fn", _boundary_conv), (_RULE, _segmented_rule)):
             current = getattr(module, name, None)
             if current is not None and current is not _INSTALLED.get((module.__name__, name)):
                 _INSTALLED[(module.__name__, name)] = wrapper = wrap(current)
+                mark_routed(wrapper)
                 setattr(module, name, wrapper)

@@ -1,0 +1,91 @@
+"""transformers' delta-rule names, sent to the kernels the tensors' device can run.
+
+transformers decides once, when a hybrid model's modeling module is imported, that its `torch_chunk_gated_delta_rule`
+and `torch_recurrent_gated_delta_rule` run flash-linear-attention's Triton kernels wherever that package is installed,
+whatever device the tensors are on. fla's kernels need CUDA (or Triton's interpreter), so with the `gpu` extra on
+a machine without a GPU every hybrid forward failed inside Triton ("0 active drivers"), the engine's first prefill
+among them. `route_by_device` puts a dispatcher in front of those names, once per modeling module: CUDA tensors
+(or any tensor while `TRITON_INTERPRET=1`) go to what transformers chose, others to its PyTorch reference; a packed
+call there (`cu_seqlens`) runs the reference sequence by sequence, each from its own initial state.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import os
+import sys
+
+import torch
+
+NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+_ROUTED = "_agentrl_routed_by_device"
+
+
+def fla_runs_on(tensor: torch.Tensor) -> bool:
+    """Whether flash-linear-attention's kernels can run on `tensor`'s device here."""
+    return tensor.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _routed(chosen):
+    reference = inspect.unwrap(chosen)
+    accepted = set(inspect.signature(reference).parameters)
+
+    @functools.wraps(chosen)
+    def rule(query, key, value, *args, cu_seqlens=None, initial_state=None, output_final_state=False, **kwargs):
+        if fla_runs_on(query):
+            return chosen(query, key, value, *args, cu_seqlens=cu_seqlens, initial_state=initial_state,
+                          output_final_state=output_final_state, **kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+        if cu_seqlens is None:
+            return reference(query, key, value, *args, initial_state=initial_state,
+                             output_final_state=output_final_state, **kwargs)
+        return _by_sequence(reference, query, key, value, *args, cu_seqlens=cu_seqlens, initial_state=initial_state,
+                            output_final_state=output_final_state, **kwargs)
+
+    setattr(rule, _ROUTED, True)
+    return rule
+
+
+def _by_sequence(reference, query, key, value, g, beta, *, cu_seqlens, initial_state, output_final_state, **kwargs):
+    """A packed row `[1, T, ...]` through `reference` one sequence at a time: outputs laid end to end, one final
+    state per sequence."""
+    bounds = cu_seqlens.tolist()
+    outs, finals = [], []
+    for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        init = initial_state[j:j + 1] if initial_state is not None else None
+        out, final = reference(query[:, a:b], key[:, a:b], value[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
+                               initial_state=init, output_final_state=True, **kwargs)
+        outs.append(out)
+        finals.append(final)
+    return torch.cat(outs, dim=1), (torch.cat(finals) if output_final_state else None)
+
+
+def route_by_device(model) -> None:
+    """Route the delta-rule names of the modeling modules of `model`'s linear-attention layers (`model` may be one
+    such layer) by device (module docstring); idempotent, and a no-op where fla is not installed (transformers then
+    chose the references already)."""
+    if importlib.util.find_spec("fla") is None:
+        return
+    for layer in model.modules():
+        module = sys.modules.get(type(layer).__module__)
+        if not hasattr(layer, "conv1d") or module is None:
+            continue
+        for name in NAMES:
+            current = getattr(module, name, None)
+            if current is not None and not _is_routed(current):
+                setattr(module, name, _routed(current))
+
+
+def mark_routed(fn) -> None:
+    """Mark a wrapper installed over a routed name (`linear_conv`'s), so a later `route_by_device` leaves it be."""
+    setattr(fn, _ROUTED, True)
+
+
+def _is_routed(fn) -> bool:
+    while fn is not None:
+        if getattr(fn, _ROUTED, False):
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
