@@ -28,6 +28,7 @@ from agentrl.train.varlen_attention import takes_flat_layout
 
 # A tree mask read wrongly changes hidden states by O(1); rounding (bf16 included) stays far below this.
 _TREE_ERROR_LIMIT = 0.05
+_TREE_CHECK_ATTEMPTS = 3  # steps that check prefix sharing while the check raises, before it is turned off
 
 
 class Trainer:
@@ -49,7 +50,7 @@ class Trainer:
         # Prefix sharing where the forward supports it; checked once against unshared packing on the real
         # attention kernel before the first step relies on it.
         self.share_prefix = config.share_prefix and prefix_sharing_unsupported(model) is None
-        self._tree_checked = False
+        self._tree_checks_left = _TREE_CHECK_ATTEMPTS
         self.graphs = None
         if cuda_graphs:
             if self.device.type != "cuda" or not takes_flat_layout(model) or (is_hybrid(model) and not hybrid_varlen):
@@ -61,19 +62,27 @@ class Trainer:
 
     def pack(self, samples: Sequence[TrainingSample]):
         """The step's batch: prefix-shared where enabled and supported, else unshared."""
-        if self.share_prefix and not self._tree_checked:
-            self._tree_checked = True
+        share = self.share_prefix
+        if share and self._tree_checks_left:
+            self._tree_checks_left -= 1
             try:
                 error, why = prefix_sharing_error(self.model), None
             except Exception as exc:  # a kernel that cannot run the tree mask here (e.g. fails to compile)
                 error, why = float("inf"), f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if why is None:
+                self._tree_checks_left = 0  # a measured difference is final, however it came out
             if error > _TREE_ERROR_LIMIT:
-                self.share_prefix = False
+                share = False
                 found = f"failed ({why})" if why else f"differs from unshared packing (relative error {error:.3g})"
-                warnings.warn(f"prefix-shared forward {found} on this model and attention; training on unshared "
-                              f"packing", stacklevel=2)
+                if self._tree_checks_left:  # a failure may be passing (a kernel tuning in another thread): retry
+                    warnings.warn(f"prefix-shared forward {found} on this model and attention; this step trains on "
+                                  f"unshared packing, and the next one checks again", stacklevel=2)
+                else:
+                    self.share_prefix = False
+                    warnings.warn(f"prefix-shared forward {found} on this model and attention; training on "
+                                  f"unshared packing", stacklevel=2)
         cfg = self.config
-        units = plan_units(samples, cfg.row_tokens) if self.share_prefix else []
+        units = plan_units(samples, cfg.row_tokens) if share else []
         if any(len(unit.members) > 1 for unit in units):
             return pack_shared(samples, cfg.row_tokens, pad_token_id=self.pad_token_id,
                                pad_to_multiple=self.pad_multiple, units=units)

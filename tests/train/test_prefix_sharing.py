@@ -356,14 +356,53 @@ def test_a_kernel_that_misreads_the_tree_is_caught_and_the_trainer_falls_back():
 
 def test_a_forward_that_fails_turns_sharing_off(monkeypatch):
     # A kernel that cannot run the tree mask at all (bf16 flex_attention at a tiny head size fails to compile in
-    # inductor on GPU) must not take the run down: the check fails, the trainer warns and packs unshared.
+    # inductor on GPU) must not take the run down: the check fails, the trainer warns and packs unshared. A failure
+    # may pass (a kernel autotuned by another thread at the same moment), so the next two steps check again.
     import agentrl.train.trainer as trainer_module
 
+    calls = []
+
     def cannot_compile(model):
+        calls.append(1)
         raise RuntimeError("LoweringException: NoValidChoicesError: No choices to select\nmore detail")
 
     monkeypatch.setattr(trainer_module, "prefix_sharing_error", cannot_compile)
-    _steps_unshared_with_a_warning(_model("sdpa"), "failed (RuntimeError: LoweringException")
+    model = _model("sdpa")
+    trainer = _trainer(model, True)
+    for step in range(4):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            metrics = trainer.step(_groups(model.config.vocab_size), policy_version=3)
+        says = [str(w.message) for w in caught if "failed (RuntimeError: LoweringException" in str(w.message)]
+        assert metrics["prefix_shared_tokens"] == 0
+        if step < 2:
+            assert len(says) == 1 and "the next one checks again" in says[0] and trainer.share_prefix
+        elif step == 2:
+            assert len(says) == 1 and "the next one" not in says[0] and trainer.share_prefix is False
+        else:
+            assert not says
+    assert len(calls) == 3
+
+
+def test_a_check_that_fails_once_shares_from_the_next_step(monkeypatch):
+    import agentrl.train.trainer as trainer_module
+
+    real, calls = trainer_module.prefix_sharing_error, []
+
+    def fails_once(model):
+        calls.append(1)
+        if len(calls) == 1:
+            raise TypeError("'NoneType' object is not a mapping")
+        return real(model)
+
+    monkeypatch.setattr(trainer_module, "prefix_sharing_error", fails_once)
+    model = _model("sdpa")
+    trainer = _trainer(model, True)
+    with pytest.warns(UserWarning, match="the next one checks again"):
+        first = trainer.step(_groups(model.config.vocab_size), policy_version=3)
+    second = trainer.step(_groups(model.config.vocab_size), policy_version=3)
+    trainer.step(_groups(model.config.vocab_size), policy_version=3)
+    assert first["prefix_shared_tokens"] == 0 and second["prefix_shared_tokens"] > 0 and len(calls) == 2
 
 
 def _steps_unshared_with_a_warning(model, says: str) -> None:
