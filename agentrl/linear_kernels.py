@@ -33,33 +33,37 @@ def _routed(chosen):
     accepted = set(inspect.signature(reference).parameters)
 
     @functools.wraps(chosen)
-    def rule(query, key, value, *args, cu_seqlens=None, initial_state=None, output_final_state=False, **kwargs):
+    def rule(query, key, value, g, beta, cu_seqlens=None, initial_state=None, output_final_state=False, **kwargs):
         if fla_runs_on(query):
-            return chosen(query, key, value, *args, cu_seqlens=cu_seqlens, initial_state=initial_state,
+            return chosen(query, key, value, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
                           output_final_state=output_final_state, **kwargs)
         kwargs = {k: v for k, v in kwargs.items() if k in accepted}
         if cu_seqlens is None:
-            return reference(query, key, value, *args, initial_state=initial_state,
+            return reference(query, key, value, g=g, beta=beta, initial_state=initial_state,
                              output_final_state=output_final_state, **kwargs)
-        return _by_sequence(reference, query, key, value, *args, cu_seqlens=cu_seqlens, initial_state=initial_state,
-                            output_final_state=output_final_state, **kwargs)
+        out, finals = by_sequence(reference, query, key, value, g, beta, cu_seqlens.tolist(), initial_state, **kwargs)
+        return out, (finals if output_final_state else None)
 
     setattr(rule, _ROUTED, True)
     return rule
 
 
-def _by_sequence(reference, query, key, value, g, beta, *, cu_seqlens, initial_state, output_final_state, **kwargs):
-    """A packed row `[1, T, ...]` through `reference` one sequence at a time: outputs laid end to end, one final
-    state per sequence."""
-    bounds = cu_seqlens.tolist()
+def by_sequence(reference, query, key, value, g, beta, bounds: list[int], initial_state=None, **kwargs):
+    """`reference` (one sequence at a time, transformers' PyTorch rule) over each segment of `bounds`, each from
+    its row of `initial_state` (zeros without); returns the outputs laid end to end and the final states (fp32,
+    `[segments, heads, K, V]`: an empty segment's is where it started)."""
+    zero = query.new_zeros(value.shape[2], key.shape[-1], value.shape[-1], dtype=torch.float32)
     outs, finals = [], []
     for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
         init = initial_state[j:j + 1] if initial_state is not None else None
+        if b == a:
+            finals.append(init[0] if init is not None else zero)
+            continue
         out, final = reference(query[:, a:b], key[:, a:b], value[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
                                initial_state=init, output_final_state=True, **kwargs)
         outs.append(out)
-        finals.append(final)
-    return torch.cat(outs, dim=1), (torch.cat(finals) if output_final_state else None)
+        finals.append(final[0])
+    return torch.cat(outs, dim=1), torch.stack(finals)
 
 
 def route_by_device(model) -> None:

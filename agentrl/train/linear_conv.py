@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from agentrl.autotune_lock import serialize_autotuners
-from agentrl.linear_kernels import mark_routed, route_by_device
+from agentrl.linear_kernels import by_sequence, mark_routed, route_by_device
 
 
 @dataclass
@@ -150,24 +150,6 @@ def _boundary_conv(conv):
     return torch.compiler.disable(conv_within_samples)
 
 
-def _per_segment(reference, query, key, value, g, beta, bounds: list[int], initial_state=None, **kwargs):
-    """`reference` (one sequence at a time, transformers' PyTorch rule) over each segment of `bounds`, each from
-    its row of `initial_state` (zeros without); returns the outputs laid end to end and the final states (fp32,
-    `[segments, heads, K, V]`: an empty segment's is where it started)."""
-    zero = query.new_zeros(value.shape[2], key.shape[-1], value.shape[-1], dtype=torch.float32)
-    outs, finals = [], []
-    for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-        init = initial_state[j:j + 1] if initial_state is not None else None
-        if b == a:
-            finals.append(init[0] if init is not None else zero)
-            continue
-        out, final = reference(query[:, a:b], key[:, a:b], value[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
-                               initial_state=init, output_final_state=True, **kwargs)
-        outs.append(out)
-        finals.append(final[0])
-    return torch.cat(outs, dim=1), torch.stack(finals)
-
-
 def _segmented_rule(rule):
     """The chunked delta rule of a packed row: sample by sample through the PyTorch reference (where the varlen
     kernels cannot train), or through `rule` itself (flash-linear-attention's, which takes boundaries and
@@ -177,7 +159,7 @@ def _segmented_rule(rule):
 
     def run(query, key, value, g, beta, cu, bounds, initial_state, kwargs, reference_rule):
         if reference_rule:
-            return _per_segment(reference, query, key, value, g, beta, bounds, initial_state, **kwargs)
+            return by_sequence(reference, query, key, value, g, beta, bounds, initial_state, **kwargs)
         return rule(query, key, value, g=g, beta=beta, cu_seqlens=cu, initial_state=initial_state,
                     output_final_state=True, **kwargs)
 

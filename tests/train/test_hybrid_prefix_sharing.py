@@ -136,12 +136,12 @@ def test_the_trainer_shares_a_hybrids_prefixes_after_its_check(monkeypatch):
 
 
 def test_a_shared_backward_that_fails_leaves_the_trainer_on_unshared_packing(monkeypatch):
-    """The trainer's check runs a hybrid's shared forward backward once: a kernel that cannot differentiate through
-    the prefix's state (here: the delta rule refusing a state that needs a gradient) is found before a step."""
+    """The trainer's check runs a hybrid's shared forward backward: a kernel that cannot differentiate through the
+    prefix's state (here: the delta rule refusing a state that needs a gradient) is found before a step."""
     from agentrl.train import linear_conv
 
     model = _hybrid(monkeypatch)
-    per_segment = linear_conv._per_segment
+    per_segment = linear_conv.by_sequence
 
     def refusing(reference, query, key, value, g, beta, bounds, initial_state=None, **kwargs):
         if initial_state is not None and initial_state.requires_grad:
@@ -157,11 +157,12 @@ def test_a_shared_backward_that_fails_leaves_the_trainer_on_unshared_packing(mon
             initial_state = Refuse.apply(initial_state)
         return per_segment(reference, query, key, value, g, beta, bounds, initial_state, **kwargs)
 
-    monkeypatch.setattr(linear_conv, "_per_segment", refusing)
+    monkeypatch.setattr(linear_conv, "by_sequence", refusing)
     samples = _samples(model.config.vocab_size)
     trainer = Trainer(model, TrainerConfig(row_tokens=160), LossConfig(), OptimConfig(lr=1e-3), total_steps=1,
                       hybrid_varlen=True)
-    with pytest.warns(UserWarning, match="no backward for initial states"):
-        batch = trainer.pack(samples)
-    assert not isinstance(batch, SharedBatch) and not trainer.share_prefix
+    for attempt in range(3):  # a check that raises is tried in two more steps, unshared meanwhile, then given up
+        with pytest.warns(UserWarning, match="no backward for initial states"):
+            batch = trainer.pack(samples)
+        assert not isinstance(batch, SharedBatch) and trainer.share_prefix is (attempt < 2)
     assert all(p.grad is None for p in model.parameters())
