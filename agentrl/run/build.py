@@ -37,7 +37,7 @@ from agentrl.run.interrupt import critical
 from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint
 from agentrl.train.config import ModelConfig
 from agentrl.train import delta_rule_backward
-from agentrl.train.linear_conv import install_wrappers, use_reference_delta_rule
+from agentrl.train.linear_conv import install_wrappers, use_reference_delta_rule, uses_reference_delta_rule
 from agentrl.train.logprobs import is_hybrid, packed_backward_failure, packing_error, varlen_kernels_installed
 from agentrl.train.optim import retarget_schedule
 from agentrl.train.trainer import Trainer
@@ -197,8 +197,11 @@ def trainer_graphs(cfg: TrainConfig, model, device: str) -> bool:
     TrainerConfig gives reasons for)."""
     if cfg.trainer.cuda_graphs is not None:
         return cfg.trainer.cuda_graphs
-    return (device == "cuda" and takes_flat_layout(model) and (not is_hybrid(model) or hybrid_varlen(cfg.model, device))
-            and cfg.parallel.tp_size == 1 and not cfg.deterministic and not cfg.release_kv_during_step)
+    # A hybrid's delta rule through the per-sequence reference (where fla cannot train) reads the row's boundaries
+    # on the host: no capture could take it.
+    hybrid_ok = not is_hybrid(model) or (hybrid_varlen(cfg.model, device) and not uses_reference_delta_rule(model))
+    return (device == "cuda" and takes_flat_layout(model) and hybrid_ok and cfg.parallel.tp_size == 1
+            and not cfg.deterministic and not cfg.release_kv_during_step)
 
 
 def check_hybrid_kernels(cfg: ModelConfig, model, device: str) -> None:

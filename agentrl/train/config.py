@@ -165,7 +165,8 @@ class TrainerConfig:
     # (agentrl.train.flat_graphs): two launches where a small model's step launches thousands of kernels, each of
     # which waits for the GIL beside the engine's thread. None (resolved by agentrl.run.build.trainer_graphs): on for
     # CUDA runs whose forward takes the flat layout (dense models under the varlen kernel, hybrid ones under their
-    # varlen kernels too, their chunks on a fixed grid, `linear_conv.chunk_indices`), except under tensor
+    # varlen kernels too, their chunks on a fixed grid, `linear_conv.chunk_indices`, unless their delta rule fell
+    # back to the per-sequence reference, which reads boundaries on the host), except under tensor
     # parallelism (collectives inside the layers), in deterministic runs (a bucket's first micro-batch runs
     # eagerly, at a step that differs between a straight and a resumed run) and with release_kv_during_step (the
     # graphs keep their activation memory, which that option means to hand over). A hybrid's prefix-shared rows

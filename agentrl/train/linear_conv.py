@@ -200,6 +200,11 @@ def use_reference_delta_rule(model) -> None:
             setattr(layer, _REFERENCE_RULE, True)
 
 
+def uses_reference_delta_rule(model) -> bool:
+    """Whether `use_reference_delta_rule` marked `model` (its packed rows' rule then reads boundaries on the host)."""
+    return any(getattr(layer, _REFERENCE_RULE, False) for layer in model.modules())
+
+
 def _modeling_modules(model) -> list:
     """The modules defining `causal_conv1d_fn` that the model's linear-attention layers call."""
     found = []
@@ -264,7 +269,7 @@ def packed_conv_boundaries(model, cu_seqlens: torch.Tensor, length: int | None =
     thread, the engine, a plain forward) the wrappers call what they wrap, and the same function objects across
     forwards are what lets compiled layers keep their graphs."""
     install_wrappers(model)
-    reference = any(getattr(layer, _REFERENCE_RULE, False) for layer in model.modules())
+    reference = uses_reference_delta_rule(model)
     gap = max((layer.conv1d.weight.shape[-1] - 1 for layer in model.modules() if hasattr(layer, "conv1d")), default=0)
     shared = _tree(*tree, gap, cu_seqlens.device) if tree is not None else None
     token = _CU_SEQLENS.set(_Active(cu_seqlens, int(cu_seqlens[-1]) if length is None else length, shared,

@@ -10,6 +10,7 @@ import torch
 
 from agentrl.models import load_model
 from agentrl.run.build import trainer_graphs
+from agentrl.train.linear_conv import use_reference_delta_rule
 from agentrl.run.config import TrainConfig
 from agentrl.train import varlen_attention as va
 from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig
@@ -261,6 +262,8 @@ def test_graphs_are_on_for_flat_cuda_runs_only_unless_set():
     assert trainer_graphs(cfg, hybrid, "cuda") is True  # through fla's varlen kernels, the GPU default
     per_sample = TrainConfig.from_dict({}, ["--model.hybrid_varlen=false"])
     assert trainer_graphs(per_sample, hybrid, "cuda") is False  # its packed rows run sample by sample
+    use_reference_delta_rule(hybrid)  # where fla cannot train: the rule reads the boundaries on the host
+    assert trainer_graphs(cfg, hybrid, "cuda") is False
     assert trainer_graphs(dataclasses.replace(cfg, deterministic=True), flat, "cuda") is False
     assert trainer_graphs(dataclasses.replace(cfg, release_kv_during_step=True), flat, "cuda") is False
     off = TrainConfig.from_dict({}, ["--trainer.cuda_graphs=false"])
@@ -282,7 +285,8 @@ def test_a_capture_that_fails_warns_once_and_trains_on_eagerly():
     graphs = FlatGraphs(_decoder(model), pad_multiple=16, capture=broken)
     batch = pack_samples(train_samples(300, [13, 9, 21]), row_tokens=64)
     want, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
-    with pytest.warns(UserWarning, match="failed in the forward \\(operation not permitted when stream is capturing\\)"):
+    says = "failed in the forward \\(operation not permitted when stream is capturing\\)"
+    with pytest.warns(UserWarning, match=says):
         got, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)
     got, _ = packed_token_logprobs(model, batch, chunk_size=16, pad_multiple=16, graphs=graphs)  # no new warning
     assert graphs.capture is None and graphs.counts == {"eager": 3, "captured": 0, "replayed": 0}
