@@ -19,6 +19,25 @@ run() {  # run NAME LIMIT COMMAND...: skipped when the budget cannot give it 25 
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
   echo "== $name rc=$rc $(( $(date +%s) - s ))s"; tail -"${TAIL:-8}" "$OUT/$name.log" | cut -c1-300
 }
+# GPU tests, one pytest process per selection, all at once: a fresh machine spends minutes compiling each test's
+# kernels (Triton compiles on the host, one kernel at a time a process), so separate processes share the 16 cores.
+# gpu_tests NAME LIMIT FILES -- SELECTION...: logs $OUT/NAME-<i>.log, one result line each.
+gpu_tests() {
+  local name=$1 limit=$2; shift 2
+  local files=(); while [ "$1" != "--" ]; do files+=("$1"); shift; done; shift
+  local l; l=$(left); [ "$l" -lt 25 ] && { echo "SKIP $name (budget)"; return; }
+  [ "$limit" -gt "$l" ] && limit=$l
+  local s i=0; s=$(date +%s)
+  for k in "$@"; do
+    timeout "$limit" python3 -m pytest -m gpu "${files[@]}" -k "$k" -q -rA --tb=short -p no:cacheprovider \
+      -p no:warnings > "$OUT/$name-$i.log" 2>&1 &
+    i=$((i + 1))
+  done
+  wait
+  echo "== $name $(( $(date +%s) - s ))s"
+  for ((j = 0; j < i; j++)); do grep -hE "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/$name-$j.log" | cut -c1-300 \
+    || echo "$name-$j: no result (limit)"; done
+}
 # fla refuses its gated backward on Hopper under Triton < 3.7.1 (the host has 3.6.0): Triton 3.7.1 is shipped in parts
 # (ship_model.py split of its wheel into .gpu-bundle/triton, one transfer each, gathered in TRITON_PARTS) and
 # installed ahead of the host's for the items that train a hybrid. Sets TRITON_PATH for their PYTHONPATH.
@@ -312,10 +331,8 @@ PY
     # its GPU tests: the packed gradients through the stand-in against the reference rule (fp32), its tensor-core
     # products against fp32 copies, and the three default steps of tiny Qwen3.5; and the decode kernel once more
     # since its launch variants were removed (13:50 UTC)
-    hybrid-stock-tests) TAIL=12 run "$1" 400 python3 -m pytest -m gpu tests/train/test_hybrid_gpu.py \
-        tests/train/test_delta_rule_backward.py tests/engine/test_triton_delta_rule.py \
-        -k 'torch_gated or three_default or tensor_cores or on_cuda' -q -rA --tb=short -p no:cacheprovider \
-        -p no:warnings ;;
+    hybrid-stock-tests) gpu_tests "$1" 400 tests/train/test_hybrid_gpu.py tests/train/test_delta_rule_backward.py \
+        tests/engine/test_triton_delta_rule.py -- torch_gated three_default tensor_cores on_cuda ;;
     # #16: Qwen3-0.6B at 40.1% MFU with GEMMs near peak and flash attention at its floor: ≈ 70 ms a step of
     # memory-bound kernels (norms, rotary, SwiGLU, residual adds) is what is left. Inductor's own GEMM templates can take pointwise
     # epilogues into the GEMM (max-autotune GEMMs): the default against that, one process each (the env is read at
@@ -344,9 +361,8 @@ PY
         --train-compile --train-profile --skip-hf ;;
     # its GPU tests: fla's rule and conv on a padded grid against the exact one, replays against the same buckets
     # eager (bit for bit)
-    hybrid-graphs-tests) TAIL=12 run "$1" 400 python3 -m pytest -m gpu tests/train/test_delta_rule_backward.py \
-        tests/train/test_hybrid_gpu.py -k 'fixed_chunk_grid or hybrid_replays or inductor_on_cuda' -q -rA --tb=short \
-        -p no:cacheprovider -p no:warnings ;;
+    hybrid-graphs-tests) gpu_tests "$1" 400 tests/train/test_delta_rule_backward.py tests/train/test_hybrid_gpu.py \
+        -- fixed_chunk_grid hybrid_replays inductor_on_cuda ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac
 }
