@@ -82,12 +82,8 @@ def route_by_device(model) -> None:
                 setattr(module, name, _routed(current))
 
 
-def mark_routed(fn) -> None:
-    """Mark a wrapper installed over a routed name (`linear_conv`'s), so a later `route_by_device` leaves it be."""
-    setattr(fn, _ROUTED, True)
-
-
 def _is_routed(fn) -> bool:
+    """Whether `fn` is the router or wraps it (`__wrapped__` down the chain: agentrl's own wrappers set it)."""
     while fn is not None:
         if getattr(fn, _ROUTED, False):
             return True

@@ -283,15 +283,15 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     default)."""
     import dataclasses
 
-    from agentrl.run.config import TrainConfig
+    from agentrl.engine.model_view import compile_decoder_layers
+    from agentrl.run import build
     from agentrl.run.build import _trainable
+    from agentrl.run.config import TrainConfig
+    from agentrl.train import delta_rule_backward
     from agentrl.train.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
     from agentrl.train.logprobs import packing_error
     from agentrl.train.trainer import Trainer
     from benchmarks.capture_watch import watch_captures
-
-    from agentrl.engine.model_view import compile_decoder_layers
-    from agentrl.run import build
 
     model_cfg = ModelConfig(name="qwen3.5-0.8b-shaped", compile_layers=compile_layers)
     _, _, varlen = _trainable(model_cfg, model, None, device.type)
@@ -301,8 +301,6 @@ def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool,
     if compiled:
         compile_decoder_layers(model, activation_memory_budget=model_cfg.activation_memory_budget,
                                **getattr(build, "TRAINER_COMPILE", {}))
-    from agentrl.train import delta_rule_backward
-
     # As `agentrl train` compiles them: the gated backward's stand-in with the layers (a process-wide choice).
     delta_rule_backward.compile_stand_in(compiled)
     trainer_cfg = TrainerConfig(row_tokens=ROW_TOKENS, share_prefix=share, rows_per_micro_batch=micro_rows,

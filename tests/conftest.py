@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import AHEAD, INTERPRETING, SHARED_DATA
+from tests.children import AHEAD, INTERPRETING
+from tests.helpers import SHARED_DATA
 
 # One thread: the engine, the rollout driver and the trainer run threads of their own, and on the 2-core CI box
 # the tiny models ran 4.5x slower with two torch threads each than with one.

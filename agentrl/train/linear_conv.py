@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from agentrl.autotune_lock import serialize_autotuners
-from agentrl.linear_kernels import by_sequence, mark_routed, route_by_device
+from agentrl.linear_kernels import by_sequence, route_by_device
 
 
 @dataclass
@@ -295,5 +295,4 @@ def install_wrappers(model) -> None:
             current = getattr(module, name, None)
             if current is not None and current is not _INSTALLED.get((module.__name__, name)):
                 _INSTALLED[(module.__name__, name)] = wrapper = wrap(current)
-                mark_routed(wrapper)
                 setattr(module, name, wrapper)

@@ -24,8 +24,8 @@ from agentrl.engine.scheduler import Scheduled, Sequence
 from agentrl.engine.step_layout import layout_step, tile_table
 from agentrl.engine.torch_backend import TorchPagedAttention
 from agentrl.models import load_model
-from tests.helpers import (GRAPH_CONFIG, Child, graph_engine, perturb_, random_prompts, run_child, two_turns,
-                           warped_logprobs)
+from tests.children import Child, run_child
+from tests.helpers import GRAPH_CONFIG, graph_engine, perturb_, random_prompts, two_turns, warped_logprobs
 
 MIXED = [SamplingParams(max_new_tokens=14, temperature=0),
          SamplingParams(max_new_tokens=14, temperature=1.0, top_k=20, seed=5),
@@ -280,7 +280,7 @@ def test_sampler_rows_do_not_depend_on_the_batch():
 TRITON_SCRIPT = r"""
 import torch
 torch.set_num_threads(1)
-from tests.helpers import patch_triton_interpreter
+from tests.children import patch_triton_interpreter
 patch_triton_interpreter()
 from agentrl.engine import Engine, EngineConfig, SamplingParams
 from agentrl.engine.triton_backend import TritonPagedAttention

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from tests.helpers import INTERPRETING, interpreter_child, patch_triton_interpreter, run_in_interpreter
+from tests.children import INTERPRETING, interpreter_child, patch_triton_interpreter, run_in_interpreter
 
 pytest.importorskip("triton")
 

@@ -13,8 +13,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.helpers import (INTERPRETING, interpreter_child, patch_triton_interpreter, random_prompts,
-                           run_in_interpreter)
+from tests.children import INTERPRETING, interpreter_child, patch_triton_interpreter, run_in_interpreter
+from tests.helpers import random_prompts
 
 pytest.importorskip("triton")
 

@@ -19,7 +19,7 @@ from agentrl.cli import main
 from agentrl.env import ToolCall
 from agentrl.rollout import Trajectory
 from agentrl.view import render, write_viewer
-from tests.helpers import Child, run_child
+from tests.children import Child, run_child
 
 NASTY = 'Is 3 < 4 && 5 > 2? <script>alert("pwned")</script> <b>not bold</b> &amp; \'quoted\''
 CALL = '<tool_call>{"name": "search", "arguments": {"query": "Paris & <Lyon>"}}</tool_call>'

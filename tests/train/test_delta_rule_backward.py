@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from agentrl.train.delta_rule_backward import chunk_bwd_dqkwg
-from tests.helpers import INTERPRETING, interpret_fla, interpreter_child, run_in_interpreter
+from tests.children import INTERPRETING, interpret_fla, interpreter_child, run_in_interpreter
 
 CHUNK = 16  # fla's chunks are 64 tokens; the rule is the same at any size, and 16 keeps sequences short
 

@@ -17,8 +17,8 @@ from agentrl.train.flat_graphs import FlatGraphs, stand_in_capture
 from agentrl.train.linear_conv import install_wrappers
 from agentrl.train.logprobs import _decoder
 from agentrl.train.trainer import Trainer
-from tests.helpers import (INTERPRETING, WELL_CONDITIONED_INIT, HostReads, interpret_fla, interpreter_child,
-                           run_in_interpreter, tiny_qwen35, train_samples)
+from tests.children import INTERPRETING, interpret_fla, interpreter_child, run_in_interpreter
+from tests.helpers import WELL_CONDITIONED_INIT, HostReads, tiny_qwen35, train_samples
 
 FLA = importlib.util.find_spec("fla") is not None
 
