@@ -8,10 +8,13 @@
   unloads its module, and the capture in progress is invalidated (vLLM holds the collector off while capturing
   for this reason).
 
-`record_graph` captures without the first and with the collector held off. Captures are in thread-local mode:
-another thread's CUDA calls (a tool, the rollout driver) cannot invalidate them. Only one capture may be under
-way in a process at a time: the engine's captures and the trainer's exclude each other (`Engine.pause`,
-`StepLock.exclusive`).
+`record_graph` captures without the first and with the collector held off. Inside a capture, compiled code that
+would compile again (a guard that fails on something the eager run before the capture did not show) runs eagerly
+instead (`torch.compiler.set_stance("eager_on_recompile")`, process-wide while the capture lasts): a compile inside
+a capture benchmarks inductor's kernel configs, whose synchronization invalidates the capture. Captures are in
+thread-local mode: another thread's CUDA calls (a tool, the rollout driver) cannot invalidate them. Only one
+capture may be under way in a process at a time: the engine's captures and the trainer's exclude each other
+(`Engine.pause`, `StepLock.exclusive`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def record_graph(fn: Callable[[], T], pool, warmup: bool = False) -> tuple[torch
     collecting = gc.isenabled()
     gc.disable()
     try:
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), torch.compiler.set_stance("eager_on_recompile"):
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
                 out = fn()

@@ -379,7 +379,7 @@ def train_part(model, sizes: Sizes, args, report: Report, device) -> None:
                                        args.skip_hf, args.smoke, device, profile=args.train_profile,
                                        groups=args.train_groups, compiled_row=args.train_compile,
                                        micro_rows=tuple(int(r) for r in args.train_rows.split(",") if r),
-                                       eager_rows=args.train_without_graphs)
+                                       eager_rows=args.train_without_graphs, stand_in_rows=args.train_stand_in)
     report.table("Hybrid train step: agentrl trainer vs transformers", columns, rows, notes)
 
 
@@ -401,6 +401,8 @@ def main():
     ap.add_argument("--train-rows", default="", help="train: more agentrl rows with these rows a micro-batch (1,2,4)")
     ap.add_argument("--train-without-graphs", action="store_true",
                     help="train: more agentrl rows without CUDA graphs (trainer.cuda_graphs=false; on by default)")
+    ap.add_argument("--train-stand-in", action="store_true",
+                    help="train: more agentrl rows with fla's refused gated backward call in agentrl's PyTorch version")
     ap.add_argument("--train-groups", action="store_true",
                     help="train: hotpotqa_search-shaped groups sharing a prompt, and the trainer unshared as a row")
     ap.add_argument("--passes", type=int, default=2,

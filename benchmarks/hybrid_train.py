@@ -117,7 +117,9 @@ def backward_note(model, varlen: bool) -> str:
         return ""
     if any(getattr(m, _REFERENCE_RULE, False) for m in model.modules()):
         return " (backward: transformers' reference rule, sample by sample)"
-    return " (backward: fla, its gated dq/dk/dw/dg kernel agentrl's PyTorch)" if delta_rule_backward.active() else ""
+    if not delta_rule_backward.active():
+        return ""
+    return f" (backward: fla, its refused gated dq/dk/dw/dg call answered by {delta_rule_backward.describe()})"
 
 
 @contextlib.contextmanager
@@ -276,11 +278,23 @@ def measure(step, steps: int, device, limit_s: float, smoke: bool, warmup: int =
 
 def agentrl_row(model, samples, steps: int, device, limit_s: float, smoke: bool, profile: bool = False,
                 share: bool = True, compile_layers: bool | None = None, micro_rows: int | None = None,
-                graphs: bool | None = None) -> dict:
+                graphs: bool | None = None, stand_in: bool = False) -> dict:
     """agentrl's trainer as `agentrl train` builds it on this device; `profile`: then one step's kernel table;
     `share=False`: `trainer.share_prefix=false`; `compile_layers`: `model.compile_layers` (None: the default);
     `micro_rows`: `trainer.rows_per_micro_batch` (None: the default); `graphs`: `trainer.cuda_graphs` (None: the
-    default)."""
+    default); `stand_in`: fla's refused gated backward call answered by agentrl's PyTorch version rather than by
+    fla's kernel at a spared block width (the default)."""
+    from agentrl.train import delta_rule_backward
+
+    delta_rule_backward.KERNEL, delta_rule_backward._VERDICTS = not stand_in, {}
+    try:
+        return _agentrl_row(model, samples, steps, device, limit_s, smoke, profile, share, compile_layers, micro_rows,
+                            graphs)
+    finally:
+        delta_rule_backward.KERNEL = True
+
+
+def _agentrl_row(model, samples, steps, device, limit_s, smoke, profile, share, compile_layers, micro_rows, graphs):
     import dataclasses
 
     from agentrl.engine.model_view import compile_decoder_layers
@@ -363,7 +377,7 @@ def hf_row(model, samples, steps: int, device, limit_s: float, smoke: bool, refe
     with torch_reference_kernels(model) if reference else contextlib.nullcontext():
         kernel = delta_rule_kernel(model)
         if kernel == "fla" and delta_rule_backward.active():  # installed in this process by the agentrl row
-            kernel += " (backward: its gated dq/dk/dw/dg kernel agentrl's PyTorch)"
+            kernel += f" (backward: its refused gated dq/dk/dw/dg call answered by {delta_rule_backward.describe()})"
         result = measure(lambda: hf_full_logits_step(model, groups, stepper, cfg, denominator), steps, device,
                          limit_s, smoke)
     layout = f"{len(groups)} padded micro-batches of <= {ROW_TOKENS} ({padded / real - 1:.0%} padding)"
@@ -373,13 +387,14 @@ def hf_row(model, samples, steps: int, device, limit_s: float, smoke: bool, refe
 def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: float, skip_hf: bool, smoke: bool,
                 device, profile: bool = False, groups: bool = False,
                 compiled_row: bool = False, micro_rows: tuple[int, ...] = (),
-                eager_rows: bool = False) -> tuple[list[str], list[list], list[str]]:
+                eager_rows: bool = False, stand_in_rows: bool = False) -> tuple[list[str], list[list], list[str]]:
     """The train-step table: (columns, rows, notes); `profile`: the kernels of one agentrl step, printed; `groups`:
     hotpotqa_search-shaped groups sharing a prompt, with a row for the trainer packing them unshared; `micro_rows`:
     more agentrl rows with that many packed rows a micro-batch (one forward and backward over all of them: fewer
     layer calls, each over more tokens), compiled too with `compiled_row`; `eager_rows`: more with the flat forward
     and backward run eagerly rather than replayed from CUDA graphs (`trainer.cuda_graphs=false`; the graphs are the
-    default on CUDA), compiled too with `compiled_row`."""
+    default on CUDA), compiled too with `compiled_row`; `stand_in_rows`: more with fla's refused gated backward call
+    answered by agentrl's PyTorch version (where fla refuses it), compiled too with `compiled_row`."""
     vocab = model.config.vocab_size
     samples = make_group_samples(tokens, vocab) if groups else make_samples(tokens, vocab)
     reference_samples = make_samples(reference_tokens, vocab, seed=1)
@@ -390,7 +405,7 @@ def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: 
               lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, profile))]
     if compiled_row and not smoke:  # on the CPU the hybrid takes the per-sample path, whose compiled backward fails
         paths.append(("(a'') agentrl trainer, `model.compile_layers=true`", samples, steps,
-                      lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, compile_layers=True)))
+                      lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, profile, compile_layers=True)))
     for r in micro_rows:
         for compiled in (False, True) if compiled_row and not smoke else (False,):
             paths.append((f"(a{r}) agentrl trainer, `trainer.rows_per_micro_batch={r}`"
@@ -402,6 +417,11 @@ def train_table(model, tokens: int, reference_tokens: int, steps: int, limit_s: 
                       samples, steps, lambda s, k, c=compiled: agentrl_row(model, s, k, device, unlimited, smoke,
                                                                             profile, compile_layers=c or None,
                                                                             graphs=False)))
+    for compiled in ((False, True) if compiled_row else (False,)) if stand_in_rows and not smoke else ():
+        paths.append(("(as) agentrl trainer, the refused backward call in PyTorch" + ", `model.compile_layers=true`"
+                      * compiled, samples, steps,
+                      lambda s, k, c=compiled: agentrl_row(model, s, k, device, unlimited, smoke, profile,
+                                                           compile_layers=c or None, stand_in=True)))
     if groups:
         paths.append(("(a') agentrl trainer, `trainer.share_prefix=false`", samples, steps,
                       lambda s, k: agentrl_row(model, s, k, device, unlimited, smoke, share=False)))

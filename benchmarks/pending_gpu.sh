@@ -363,6 +363,14 @@ PY
     # eager (bit for bit)
     hybrid-graphs-tests) gpu_tests "$1" 400 tests/train/test_delta_rule_backward.py tests/train/test_hybrid_gpu.py \
         -- fixed_chunk_grid hybrid_replays inductor_on_cuda ;;
+    # #15: fla's own gated dq/dk/dw/dg kernel at a block width the Hopper miscompile spares (128 for Qwen3.5's heads),
+    # in place of the PyTorch stand-in (84 ms of the compiled-layers step, 21:22 UTC), and the capture fix for
+    # compiled layers in graphs (the stand-in recompiled inside the capture on a view's guard): its GPU tests, the
+    # kernel's widths against the stand-in, then the train table (defaults, compiled layers, the stand-in's rows)
+    hybrid-kernel) gpu_tests "$1-tests" 200 tests/train/test_delta_rule_backward.py -- "spared_width or inductor_on_cuda"
+      TAIL=12 run "$1-widths" 120 python3 benchmarks/dqkwg_widths.py
+      TAIL=40 run "$1" 560 python3 benchmarks/hybrid.py --parts train --train-compile --train-stand-in --train-profile \
+        --skip-hf ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac
 }

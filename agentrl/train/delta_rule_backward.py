@@ -26,8 +26,15 @@ results agree to the kernel's own rounding; on CUDA those products run on tensor
 It is registered through fla's backend registry (`fla.backends`) for the case fla refuses and nothing else: every
 other kernel of the rule stays fla's, and a host with Triton ≥ 3.7.1 or TileLang never calls it.
 
-Eagerly it is a few dozen kernels a call, most of them elementwise passes over fp32 chunks. Where a run compiles
-the trainer's layers (`model.compile_layers`), it compiles this function as well (`compile_stand_in`): one graph, no
+What the registered backend runs for a refused call, on CUDA: fla's own kernel, launched here at a block width the
+miscompile spares. The issue's bisection found it at one K block width only (64; 32 and 128 exact): fla takes 128
+on Hopper where the head dimension allows (Qwen3.5's 128), and 32 here where it would take 64
+(`spared_block_width`). The first call of each shape also runs this module's function on the same inputs and keeps
+the kernel only if the two agree (`_kernel_agrees`): a compiler that miscompiles another width too is caught on its
+first call, and this function answers instead, with a warning.
+
+This function eagerly is a few dozen kernels a call, most of them elementwise passes over fp32 chunks. Where a run
+compiles the trainer's layers (`model.compile_layers`), it is compiled as well (`compile_stand_in`): one graph, no
 breaks, its elementwise work fused around the matrix products. A compile that fails warns once and the eager
 function takes over.
 """
@@ -40,6 +47,7 @@ import warnings
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 BACKEND_TYPE = "agentrl_torch"
 
@@ -187,23 +195,120 @@ def compile_stand_in(enabled: bool = True, **options) -> None:
 
 
 def _run(*args, **kwargs):
-    """The backend's call: compiled where `compile_stand_in` asked for it (its first call for a shape compiles, in
-    a bucket's eager micro-batch, never inside a CUDA graph's capture), else eager."""
+    """The backend's call: fla's kernel at a spared width where it launches and agrees with this module's function
+    on the shape's first call; else the function, compiled where `compile_stand_in` asked for it (its first call
+    for a shape compiles, in a bucket's eager micro-batch, never inside a CUDA graph's capture), else eager."""
+    # Inputs travel as plain tensors (no view of a base) and the row's boundaries and chunk indices from offset 0:
+    # dynamo guards a view's base's sizes and specializes a storage offset of 0, and a bucket's static copy of the
+    # chunk indices is a tensor of its own where the eager row's was a slice of its layout's one host copy, which
+    # recompiled the compiled function inside the bucket's capture. Those two are a few hundred integers.
+    call = {name: _plain(value, name in ("cu_seqlens", "chunk_indices"))
+            for name, value in _SIGNATURE.bind(*args, **kwargs).arguments.items()}
+    if _use_kernel(call):
+        return fla_kernel(**call)
+    return _stand_in(call)
+
+
+def _plain(value, from_zero: bool):
+    if not isinstance(value, torch.Tensor):
+        return value
+    if from_zero and value.storage_offset() != 0:
+        return value.clone()
+    return value.detach()
+
+
+def _stand_in(call: dict):
     global _compiled, _COMPILE
-    bound = _SIGNATURE.bind(*args, **kwargs).arguments
-    if _COMPILE is None or (bound.get("cu_seqlens") is not None and bound.get("chunk_indices") is None):
-        # Without chunk indices a packed row's chunks are counted on the host: no whole graph (fla passes them)
-        return chunk_bwd_dqkwg(*args, **kwargs)
-    _bmm_fp32_out(bound["q"].device)  # probed eagerly: the compiled graph reads the cached answer
+    if (_COMPILE is None or (call.get("cu_seqlens") is not None and call.get("chunk_indices") is None)
+            or _get_current_dispatch_mode() is not None):
+        # Without chunk indices a packed row's chunks are counted on the host: no whole graph (fla passes them).
+        # Under a dispatch mode (a FLOP counter, a test's watch) dynamo compiles nothing: a whole graph fails.
+        return chunk_bwd_dqkwg(**call)
+    _bmm_fp32_out(call["q"].device)  # probed eagerly: the compiled graph reads the cached answer
     if _compiled is None:
         _compiled = torch.compile(chunk_bwd_dqkwg, **_COMPILE)
     try:
-        return _compiled(*args, **kwargs)
+        return _compiled(**call)
     except Exception as exc:  # a lowering this torch lacks: the eager function, for the rest of the process
         _COMPILE, _compiled = None, None
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        warnings.warn(f"compiling agentrl's gated delta-rule backward failed ({first}); it runs eagerly", stacklevel=2)
-        return chunk_bwd_dqkwg(*args, **kwargs)
+        warnings.warn(f"compiling agentrl's gated delta-rule backward failed ({first}); it runs eagerly", stacklevel=3)
+        return chunk_bwd_dqkwg(**call)
+
+
+KERNEL = True  # fla's kernel at a spared width where it launches (False: this module's function for every call)
+_VERDICTS: dict[tuple, bool] = {}  # a shape's first call: whether fla's kernel agreed with the function there
+KERNEL_TOLERANCE = 2e-2  # relative (norm-wise) difference within which the two agree; see `_kernel_agrees`
+
+
+def _use_kernel(bound: dict) -> bool:
+    q = bound["q"]
+    if not KERNEL or not q.is_cuda:
+        return False
+    key = (tuple(bound["k"].shape[2:]), tuple(bound["v"].shape[2:]), q.dtype, bound.get("w") is not None,
+           bound.get("state_v_first", False), bound.get("chunk_size", 64))
+    verdict = _VERDICTS.get(key)
+    if verdict is None:
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False  # a capture cannot read a comparison back; the bucket's eager run decides before it
+        verdict = _VERDICTS[key] = _kernel_agrees(bound)
+    return verdict
+
+
+def _kernel_agrees(bound: dict) -> bool:
+    """fla's kernel at the spared width against this module's function on one call's inputs: dq, dk, dw and dg
+    within `KERNEL_TOLERANCE` of each other, relative to each result's norm. The 16-bit roundings of the two differ
+    by ~2^-8 of an element; the miscompile the width avoids got dk wrong by half its size."""
+    try:
+        got = fla_kernel(**bound)
+    except Exception as exc:  # an fla without this kernel or launcher signature: the function from now on
+        warnings.warn(f"flash-linear-attention's gated dq/dk/dw/dg kernel did not launch ({exc}); agentrl's PyTorch "
+                      "version runs in its place", stacklevel=4)
+        return False
+    want = chunk_bwd_dqkwg(**bound)
+    worst = max(float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30))
+                for a, b in zip(got, want) if b is not None)
+    if worst > KERNEL_TOLERANCE:
+        warnings.warn(f"flash-linear-attention's gated dq/dk/dw/dg kernel differs from agentrl's PyTorch version "
+                      f"here (relative {worst:.3g}) at K block width {spared_block_width(bound['k'].shape[-1])}; "
+                      "the PyTorch version runs in its place", stacklevel=4)
+        return False
+    return True
+
+
+def spared_block_width(K: int) -> int:
+    """The K block width fla's kernel takes on Hopper (up to 128, as its shared memory allows there), stepped down to
+    32 where that would be 64, the one width the miscompile hits (fla's issue #640: 32 and 128 exact)."""
+    width = min(max(1 << (K - 1).bit_length(), 16), 128)
+    return 32 if width == 64 else width
+
+
+def fla_kernel(q, k, v, do, h, dh, w=None, g=None, g_gamma=None, dv=None, scale=None, state_v_first=False,
+               cu_seqlens=None, chunk_size=64, chunk_indices=None, block_k: int | None = None):
+    """flash-linear-attention's own `chunk_bwd_kernel_dqkwg`, launched at `spared_block_width` (fla's launcher
+    raises before launching on the hosts that call this; `block_k`: another width, for a benchmark's comparison);
+    `chunk_bwd_dqkwg`'s arguments and results."""
+    from fla.ops.common.chunk_o import chunk_bwd_kernel_dqkwg
+    from fla.ops.utils import prepare_chunk_indices
+
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    if chunk_indices is None and cu_seqlens is not None:
+        chunk_indices = prepare_chunk_indices(cu_seqlens, chunk_size)
+    chunks = -(-T // chunk_size) if cu_seqlens is None else chunk_indices.shape[0]
+    bk, bv = block_k or spared_block_width(K), min(max(1 << (V - 1).bit_length(), 16), 128)
+    nk = -(-K // bk)
+    dq, dk = q.new_empty(B, T, HV, K), k.new_empty(B, T, HV, K)
+    dg = torch.empty(nk, *g.shape, dtype=torch.float32, device=g.device)  # one partial sum per K block
+    dw = torch.empty_like(w) if w is not None else None
+    chunk_bwd_kernel_dqkwg[(nk * chunks, B * HV)](
+        q=q, k=k, v=v, g=g, g_gamma=g_gamma, h=h, do=do, dh=dh, dq=dq, dk=dk, dw=dw, dv=dv, dg=dg,
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, scale=K ** -0.5 if scale is None else scale,
+        B=B, T=T, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=bk, BV=bv, STATE_V_FIRST=state_v_first)
+    if H != HV:  # each query head's gradient sums its value heads'
+        dq = dq.view(B, T, H, HV // H, K).sum(3)
+        dk = dk.view(B, T, H, HV // H, K).sum(3)
+    return dq, dk, dw, dg.sum(0)
 
 
 def install() -> bool:
@@ -238,3 +343,11 @@ _installed = False
 def active() -> bool:
     """Whether fla's gated chunk backward runs as this module's here: registered, and fla refusing its own."""
     return _installed and refused_by_fla(g=True)
+
+
+def describe() -> str:
+    """What answered the refused calls so far, for a benchmark's table."""
+    if not _VERDICTS:
+        return "agentrl's PyTorch version" if not KERNEL else "not called yet"
+    kinds = {"fla's kernel at a spared block width" if v else "agentrl's PyTorch version" for v in _VERDICTS.values()}
+    return " and ".join(sorted(kinds))
