@@ -371,6 +371,13 @@ PY
       TAIL=12 run "$1-widths" 120 python3 benchmarks/dqkwg_widths.py
       TAIL=40 run "$1" 560 python3 benchmarks/hybrid.py --parts train --train-compile --train-stand-in --train-profile \
         --skip-hf ;;
+    # #15: the defaults since 22:15 UTC (compiled layers for hybrids on fla's kernels, fla's own refused kernel at a
+    # spared width, graphs): the train table over five timed steps with one step's profile, then the hybrid GPU
+    # tests at once (the three default steps, the fixed chunk grid, replays against eager buckets, prefix rows)
+    hybrid-default-train) TAIL=30 run "$1" 240 python3 benchmarks/hybrid.py --parts train --train-profile --skip-hf \
+        --steps 5
+      gpu_tests "$1-tests" 400 tests/train/test_hybrid_gpu.py tests/train/test_delta_rule_backward.py -- three_default \
+        fixed_chunk_grid hybrid_replays prefix ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac
 }

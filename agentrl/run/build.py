@@ -151,9 +151,16 @@ def hybrid_varlen(cfg: ModelConfig, device: str) -> bool:
     return cfg.hybrid_varlen if cfg.hybrid_varlen is not None else device == "cuda"
 
 
+def fla_trains_it(cfg: ModelConfig, model, device: str) -> bool:
+    """Whether a model is dense, or hybrid with its packed rows through flash-linear-attention's varlen kernels
+    (not each sample on its own, nor the delta rule's per-sequence reference where fla cannot train)."""
+    return not is_hybrid(model) or (hybrid_varlen(cfg, device) and not uses_reference_delta_rule(model))
+
+
 def compile_layers(cfg: ModelConfig, model, device: str, *, tp_size: int = 1, deterministic: bool = False) -> bool:
-    """Whether the trainer's decoder layers are compiled (`model.compile_layers`; None: on for CUDA runs of dense
-    models, neither tensor-parallel nor deterministic; ModelConfig says why each exception is one).
+    """Whether the trainer's decoder layers are compiled (`model.compile_layers`; None: on for CUDA runs, a hybrid
+    model's through its varlen kernels, neither tensor-parallel nor deterministic; ModelConfig says why each
+    exception is one).
 
     The engine's view compiles its copies of the same layers on its own thread (`engine_config`). Both threads run
     the same code objects, and dynamo keeps one cache per code object: each thread's new variants (grad mode,
@@ -163,7 +170,7 @@ def compile_layers(cfg: ModelConfig, model, device: str, *, tp_size: int = 1, de
     (tests/run/test_long_run_gpu.py) checks that no later step pays for one."""
     if cfg.compile_layers is not None:
         return cfg.compile_layers
-    return device == "cuda" and not is_hybrid(model) and tp_size == 1 and not deterministic
+    return device == "cuda" and fla_trains_it(cfg, model, device) and tp_size == 1 and not deterministic
 
 
 # The trainer's layers see a new packed length at almost every micro-batch. Compiled for dynamic lengths from the
@@ -199,8 +206,8 @@ def trainer_graphs(cfg: TrainConfig, model, device: str) -> bool:
         return cfg.trainer.cuda_graphs
     # A hybrid's delta rule through the per-sequence reference (where fla cannot train) reads the row's boundaries
     # on the host: no capture could take it.
-    hybrid_ok = not is_hybrid(model) or (hybrid_varlen(cfg.model, device) and not uses_reference_delta_rule(model))
-    return (device == "cuda" and takes_flat_layout(model) and hybrid_ok and cfg.parallel.tp_size == 1
+    return (device == "cuda" and takes_flat_layout(model) and fla_trains_it(cfg.model, model, device)
+            and cfg.parallel.tp_size == 1
             and not cfg.deterministic and not cfg.release_kv_during_step)
 
 

@@ -28,12 +28,13 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     # torch.compile each of the trainer's decoder layers (BENCHMARKS.md: the train-step table); the engine's view
     # compiles its own copies as engine.compile decides. None (resolved by agentrl.run.build.
-    # compile_layers): on for CUDA runs of dense models, where the step is bound by launching dozens of small
-    # kernels a layer; off on CPU (nothing launch-bound to gain, and inductor would need a C++ toolchain), for
-    # hybrid models (not yet measured on a GPU: their convolution and delta rule run as graph breaks,
-    # agentrl.train.linear_conv, and compiled they keep their graphs across packed forwards on the CPU), under
-    # tensor parallelism (the split layers run hooks around each module) and in deterministic runs (compiled
-    # kernels are tuned on the first shapes seen, which differ between a straight run and a resumed one).
+    # compile_layers): on for CUDA runs, where the step is bound by launching dozens of small kernels a layer (a
+    # hybrid model's convolution and delta rule stay fla's kernels, as graph breaks: agentrl.train.linear_conv);
+    # off on CPU (nothing launch-bound to gain, and inductor would need a C++ toolchain), for a hybrid model off
+    # its varlen kernels (each sample on its own, or the delta rule's per-sequence reference: never measured
+    # compiled), under tensor parallelism (the split layers run hooks around each module) and in deterministic
+    # runs (compiled kernels are tuned on the first shapes seen, which differ between a straight run and a resumed
+    # one).
     compile_layers: bool | None = None
     # With compile_layers: the activation memory budget (0, 1] of each compiled layer's forward/backward split;
     # below 1 the partitioner recomputes the cheapest activations in the backward instead of saving them.

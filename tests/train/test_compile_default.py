@@ -33,10 +33,15 @@ def _compiled(model) -> list[bool]:
     return [layer._compiled_call_impl is not None for layer in model.model.layers]
 
 
-def test_compile_layers_is_on_for_dense_cuda_runs_only_unless_set(dense):
+def test_compile_layers_is_on_for_cuda_runs_on_fla_kernels_only_unless_set(dense):
+    from agentrl.train.linear_conv import use_reference_delta_rule
+
     hybrid = load_model("tiny-qwen3.5")[0]
     assert compile_layers(ModelConfig(), dense, "cuda") is True
     assert compile_layers(ModelConfig(), dense, "cpu") is False
+    assert compile_layers(ModelConfig(), hybrid, "cuda") is True  # packed rows through fla's varlen kernels
+    assert compile_layers(ModelConfig(hybrid_varlen=False), hybrid, "cuda") is False  # each sample on its own
+    use_reference_delta_rule(hybrid)  # where fla cannot train: the delta rule's per-sequence reference
     assert compile_layers(ModelConfig(), hybrid, "cuda") is False
     assert compile_layers(ModelConfig(), dense, "cuda", tp_size=2) is False
     assert compile_layers(ModelConfig(), dense, "cuda", deterministic=True) is False

@@ -226,6 +226,7 @@ def test_packed_gradients_through_the_torch_gated_backward_equal_the_reference_r
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(delta_rule_backward, "refused_by_fla", lambda g: g is not None)
+    monkeypatch.setattr(delta_rule_backward, "KERNEL", False)  # the PyTorch version, not fla's kernel, answers
     calls = []
     own = delta_rule_backward.chunk_bwd_dqkwg
     monkeypatch.setattr(delta_rule_backward, "chunk_bwd_dqkwg", lambda *a, **k: (calls.append(1), own(*a, **k))[1])
