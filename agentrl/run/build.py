@@ -375,8 +375,12 @@ def step(run: Run) -> dict:
     if run.cfg.release_kv_during_step:
         engine.release_kv()
     # Beside the engine's steps, the trainer's GPU work holds off the engine's graph captures, which it would
-    # invalidate (engine/step_lock.py); paused, the engine takes no step at all.
-    with engine.beside() if run.cfg.generate_during_step else engine.pause():
+    # invalidate (engine/step_lock.py); paused, the engine takes no step at all. The first step of a process
+    # compiles the trainer's layers, and a compile traces with a process-wide flag and `Module.__call__` patched
+    # for every thread: an engine step calling its compiled view's layers meanwhile fails ("FX to symbolically
+    # trace a dynamo-optimized function"). So the engine is paused through that step.
+    beside = run.cfg.generate_during_step and run.froze  # froze: this process has finished a step
+    with engine.beside() if beside else engine.pause():
         if run.parallel is not None:
             trained = run.parallel.train(run.trainer, samples, engine.policy_version, update_guard)
         else:
