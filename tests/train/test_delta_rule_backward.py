@@ -436,3 +436,23 @@ def test_flas_kernel_at_a_spared_width_equals_the_pytorch_version_on_cuda(K, mon
     monkeypatch.setattr(delta_rule_backward, "KERNEL", True)
     delta_rule_backward._run(**t, chunk_size=64, chunk_indices=indices)
     assert list(delta_rule_backward._VERDICTS.values()) == [True]
+
+
+def test_a_kernel_that_differs_from_the_pytorch_version_is_not_kept(monkeypatch):
+    """`_kernel_agrees`, the check on each shape's first call: a kernel within rounding of the PyTorch version is
+    kept; one whose dk is off by a half (what fla's issue #640 reports at its miscompiled width) is refused with a
+    warning that names the difference."""
+    from agentrl.train import delta_rule_backward
+
+    t, _ = inputs((37, 5, 50), 2, 4, 8, 8)
+    call = {**t, "chunk_size": CHUNK}
+    rounded = lambda **k: tuple(None if x is None else x * (1 + 1e-4) for x in chunk_bwd_dqkwg(**k))  # noqa: E731
+    monkeypatch.setattr(delta_rule_backward, "fla_kernel", rounded)
+    assert delta_rule_backward._kernel_agrees(call) is True
+
+    def miscompiled(**k):
+        dq, dk, dw, dg = chunk_bwd_dqkwg(**k)
+        return dq, dk * 0.5, dw, dg
+    monkeypatch.setattr(delta_rule_backward, "fla_kernel", miscompiled)
+    with pytest.warns(UserWarning, match=r"differs from agentrl's PyTorch version here \(relative 0\.5"):
+        assert delta_rule_backward._kernel_agrees(call) is False
