@@ -198,21 +198,20 @@ def _run(*args, **kwargs):
     """The backend's call: fla's kernel at a spared width where it launches and agrees with this module's function
     on the shape's first call; else the function, compiled where `compile_stand_in` asked for it (its first call
     for a shape compiles, in a bucket's eager micro-batch, never inside a CUDA graph's capture), else eager."""
-    # Inputs travel as plain tensors (no view of a base) and the row's boundaries and chunk indices from offset 0:
-    # dynamo guards a view's base's sizes and specializes a storage offset of 0, and a bucket's static copy of the
-    # chunk indices is a tensor of its own where the eager row's was a slice of its layout's one host copy, which
-    # recompiled the compiled function inside the bucket's capture. Those two are a few hundred integers.
-    call = {name: _plain(value, name in ("cu_seqlens", "chunk_indices"))
-            for name, value in _SIGNATURE.bind(*args, **kwargs).arguments.items()}
+    call = _SIGNATURE.bind(*args, **kwargs).arguments
     if _use_kernel(call):
         return fla_kernel(**call)
     return _stand_in(call)
 
 
-def _plain(value, from_zero: bool):
+def _plain(name: str, value):
+    """A compiled call's input: a plain tensor (no view of a base), the row's boundaries and chunk indices from
+    offset 0. Dynamo guards a view's base's sizes and specializes a storage offset of 0, and a bucket's static copy
+    of the chunk indices is a tensor of its own where the eager row's was a slice of its layout's one host copy,
+    which recompiled the compiled function inside the bucket's capture. Those two are a few hundred integers."""
     if not isinstance(value, torch.Tensor):
         return value
-    if from_zero and value.storage_offset() != 0:
+    if name in ("cu_seqlens", "chunk_indices") and value.storage_offset() != 0:
         return value.clone()
     return value.detach()
 
@@ -228,7 +227,7 @@ def _stand_in(call: dict):
     if _compiled is None:
         _compiled = torch.compile(chunk_bwd_dqkwg, **_COMPILE)
     try:
-        return _compiled(**call)
+        return _compiled(**{name: _plain(name, value) for name, value in call.items()})
     except Exception as exc:  # a lowering this torch lacks: the eager function, for the rest of the process
         _COMPILE, _compiled = None, None
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -249,7 +248,7 @@ def _use_kernel(bound: dict) -> bool:
            bound.get("state_v_first", False), bound.get("chunk_size", 64))
     verdict = _VERDICTS.get(key)
     if verdict is None:
-        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        if torch.cuda.is_current_stream_capturing():
             return False  # a capture cannot read a comparison back; the bucket's eager run decides before it
         verdict = _VERDICTS[key] = _kernel_agrees(bound)
     return verdict
@@ -279,8 +278,13 @@ def _kernel_agrees(bound: dict) -> bool:
 def spared_block_width(K: int) -> int:
     """The K block width fla's kernel takes on Hopper (up to 128, as its shared memory allows there), stepped down to
     32 where that would be 64, the one width the miscompile hits (fla's issue #640: 32 and 128 exact)."""
-    width = min(max(1 << (K - 1).bit_length(), 16), 128)
+    width = _block(K)
     return 32 if width == 64 else width
+
+
+def _block(n: int) -> int:
+    """fla's block width for a dimension of `n` on Hopper: the next power of two, 16 to 128."""
+    return min(max(1 << (n - 1).bit_length(), 16), 128)
 
 
 def fla_kernel(q, k, v, do, h, dh, w=None, g=None, g_gamma=None, dv=None, scale=None, state_v_first=False,
@@ -296,7 +300,7 @@ def fla_kernel(q, k, v, do, h, dh, w=None, g=None, g_gamma=None, dv=None, scale=
     if chunk_indices is None and cu_seqlens is not None:
         chunk_indices = prepare_chunk_indices(cu_seqlens, chunk_size)
     chunks = -(-T // chunk_size) if cu_seqlens is None else chunk_indices.shape[0]
-    bk, bv = block_k or spared_block_width(K), min(max(1 << (V - 1).bit_length(), 16), 128)
+    bk, bv = block_k or spared_block_width(K), _block(V)
     nk = -(-K // bk)
     dq, dk = q.new_empty(B, T, HV, K), k.new_empty(B, T, HV, K)
     dg = torch.empty(nk, *g.shape, dtype=torch.float32, device=g.device)  # one partial sum per K block

@@ -75,7 +75,9 @@ def test_interpreted_hybrid_replays_land_on_the_eager_weights_and_build_no_chunk
     first step nothing in the steps builds chunk indices on the device or reads a tensor back but the step's
     metrics, and compiled layers compile nothing more, nor inside a bucket's capture. The compiled case answers
     the backward call fla refuses on some hosts with agentrl's PyTorch version, compiled with the layers as a run
-    compiles it there: its first capture recompiled it before (a view's guards, BENCHMARKS.md)."""
+    compiles it there, and it stays compiled (under the test's dispatch mode it used to fail its whole-graph compile
+    and fall back for good). These rows do not reproduce the GPU run's recompile inside a capture (a view's guards):
+    tests/train/test_delta_rule_backward.py's one-graph test covers that."""
     interpret_fla(monkeypatch)
     if compiled:
         from agentrl.train import delta_rule_backward
