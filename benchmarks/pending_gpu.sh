@@ -379,7 +379,7 @@ PY
       gpu_tests "$1-tests" 400 tests/train/test_hybrid_gpu.py tests/train/test_delta_rule_backward.py -- three_default \
         fixed_chunk_grid hybrid_replays prefix ;;
     # #15: the train table's transformers rows (with fla, with its torch fallback) in the same run as the defaults
-    hybrid-same-run) TAIL=40 run "$1" 560 python3 benchmarks/hybrid.py --parts train --train-profile --steps 5 ;;
+    hybrid-same-run) TAIL=40 run "$1" 560 python3 benchmarks/hybrid.py --parts train --steps ${STEPS:-5} ;;
     # #16: the Qwen3-0.6B default over ten steps, each printed (every other step ~37 ms slower?), with its kernels
     qwen-steps) TAIL=60 run "$1" 300 python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
         --variants default --steps 10 --profile ;;
