@@ -28,8 +28,25 @@ def fla_runs_on(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def plain_function(fn):
+    """transformers' own PyTorch function behind the wrappers around it: `functools.wraps` chains (`__wrapped__`)
+    and, in transformers releases that route these names through hub kernels, a module (`Func`) whose `forward`
+    closes over the wrapped function. Its signature names the arguments the function takes; the module's is
+    `(*args, **kwargs)`, and calling it can still reach fla's kernel."""
+    seen = set()
+    while id(fn) not in seen:
+        seen.add(id(fn))
+        fn = inspect.unwrap(fn)
+        forward = getattr(type(fn), "forward", None) if isinstance(fn, torch.nn.Module) else None
+        cells = dict(zip(forward.__code__.co_freevars, forward.__closure__ or ())) if forward is not None else {}
+        if "func" not in cells or not callable(cells["func"].cell_contents):
+            return fn
+        fn = cells["func"].cell_contents
+    return fn
+
+
 def _routed(chosen):
-    reference = inspect.unwrap(chosen)
+    reference = plain_function(chosen)
     accepted = set(inspect.signature(reference).parameters)
 
     @functools.wraps(chosen)

@@ -387,13 +387,12 @@ PY
   esac
 }
 items=("$@")
-# 2026-12-02 21:20-22:55 UTC (BENCHMARKS.md): hybrid training 32.0% MFU with defaults (compiled layers, graphs,
-# fla's own gated backward kernel at a spared block width); the three default hybrid steps, the fixed chunk grid,
-# the graph replays and the prefix rows pass on the GPU. Left: qwen-autotune (#16: Qwen3-0.6B at 40.1%, goal 50%),
-# hybrid-stock-tests (the stand-in's tests with the kernel now the default), hybrid-train-rows, fp32 graph tests
-# not yet selected. A fresh machine's start costs 90-220 s of device time, and a machine left idle 30 s is gone:
-# keep the calls back to back
-[ ${#items[@]} -eq 0 ] && items=(qwen-autotune hybrid-stock-tests hybrid-train-rows)
+# 2026-12-03 (BENCHMARKS.md): #15's table and GPU tests done. Left for #16: qwen-steps first (Qwen3-0.6B at 40.4%,
+# goal 50%; the attention's q/k/v gradients no longer copied into the compiled backward's strides, ≈ 8 ms of its
+# step, not yet measured), then qwen-autotune; hybrid-stock-tests (the PyTorch stand-in's packed gradients have no
+# recorded GPU pass), hybrid-train-rows. A fresh machine's start costs 90-220 s of device time, and a machine left
+# idle 30 s is gone: keep the calls back to back
+[ ${#items[@]} -eq 0 ] && items=(qwen-steps qwen-autotune hybrid-stock-tests hybrid-train-rows)
 for name in "${items[@]}"; do item "$name"; done
 gzip -f "$OUT"/*.log 2>/dev/null
 # SAVE_KERNELS=1: the kernel caches back with the logs, for the next machine (benchmarks/kernel_cache.py; up to 4

@@ -127,11 +127,17 @@ def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | N
 
     `activation_memory_budget` (training only; a process-wide functorch setting read when the backward is
     partitioned): below 1 the compiled layers recompute their cheapest activations in the backward instead of
-    saving them."""
-    if activation_memory_budget is not None:
-        from torch._functorch import config as functorch_config
+    saving them.
 
+    A compiled backward plans its incoming gradients' strides as its outputs' (functorch's
+    `guess_tangent_strides_as_outputs`, set here where the torch has it: off by default in some releases, where each
+    gradient of a transposed output, the attention's q, k and v, was copied to a contiguous one first)."""
+    from torch._functorch import config as functorch_config
+
+    if activation_memory_budget is not None:
         functorch_config.activation_memory_budget = activation_memory_budget
+    if hasattr(functorch_config, "guess_tangent_strides_as_outputs"):
+        functorch_config.guess_tangent_strides_as_outputs = True
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), 64))

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib.util
-import inspect
 import sys
 import warnings
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from agentrl.autotune_lock import serialize_autotuners
-from agentrl.linear_kernels import by_sequence, route_by_device
+from agentrl.linear_kernels import by_sequence, plain_function, route_by_device
 
 
 @dataclass
@@ -155,7 +154,7 @@ def _segmented_rule(rule):
     kernels cannot train), or through `rule` itself (flash-linear-attention's, which takes boundaries and
     per-sequence states). In a prefix-shared row each suffix starts from its prefix's final state: the prefixes run
     first, then the suffixes. Outside a packed forward that needs either, `rule` as it is."""
-    reference = inspect.unwrap(rule)
+    reference = plain_function(rule)
 
     def run(query, key, value, g, beta, cu, bounds, initial_state, kwargs, reference_rule):
         if reference_rule:

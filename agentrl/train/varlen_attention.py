@@ -85,12 +85,34 @@ class _KeysNoSegmentReads(torch.autograd.Function):
         return torch.where(read, dk, 0), torch.where(read, dv, 0), None
 
 
+class _FlatHeads(torch.autograd.Function):
+    """`[1, H, T, D] -> [T, H, D]` as a view, whose backward hands the gradient back in the input's exact strides.
+
+    A compiled decoder layer returns q, k and v as transposed views (`[1, H, T, D]` over `[1, T, H, D]` memory), and
+    its backward checks each incoming gradient's strides against the ones it planned for, literally, the size-1
+    batch dimension's included. The plain view's backward (`unsqueeze` of the transposed gradient) gives that
+    dimension another stride, so every gradient was copied into the planned layout first: three strided copies a
+    layer and micro-batch (BENCHMARKS.md, the Qwen3-0.6B step). The plan gives it the stride of a whole `[T, H, D]`
+    block (what a transposed view of a `[1, T, H, D]` buffer has; the input itself may come as a view rebuilt with
+    another), and a size-1 dimension's stride addresses nothing, so handing back that one is free."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.squeeze(0).transpose(0, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = grad.transpose(0, 1).unsqueeze(0)
+        return g.as_strided(g.shape, (g.numel(), *g.stride()[1:]), g.storage_offset())
+
+
 def make_attention(kernel: Kernel, name: str):
     """A transformers attention function `(module, query, key, value, attention_mask, ...)` around `kernel`."""
 
     @torch.compiler.disable
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        missing = [k for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k") if kwargs.get(k) is None]
+        names = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+        missing = [k for k in names if kwargs.get(k) is None]
         if missing:
             raise RuntimeError(
                 f"attention implementation {name!r} needs the sample boundaries ({', '.join(missing)} missing): "
@@ -103,13 +125,15 @@ def make_attention(kernel: Kernel, name: str):
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
         cu_q, cu_k = (kwargs[k].to(device=query.device, dtype=torch.int32) for k in ("cu_seq_lens_q", "cu_seq_lens_k"))
-        if kwargs.get(KV_INDEX) is not None:  # a prefix-shared row: each query sequence's keys, gathered
-            index = kwargs[KV_INDEX].to(query.device)
-            key, value = key.index_select(2, index), value.index_select(2, index)
-        # [1, H, T, D] -> [T, H, D]: the flat layout has one row. squeeze, not t[0]: indexing's backward writes each
+        # [1, H, T, D] -> [T, H, D]: the flat layout has one row. A view, not t[0]: indexing's backward writes each
         # gradient into a zeroed copy of the whole input (a fill and a strided copy per tensor and layer, a visible
-        # share of a step's backward: BENCHMARKS.md), squeeze's is a view.
-        q, k, v = (t.squeeze(0).transpose(0, 1) for t in (query, key, value))
+        # share of a step's backward: BENCHMARKS.md); and one whose gradient comes back in the input's strides.
+        q, k, v = (_FlatHeads.apply(t) for t in (query, key, value))
+        if kwargs.get(KV_INDEX) is not None:  # a prefix-shared row: each query sequence's keys, gathered
+            # along the flat tokens, so the gathered keys are contiguous for the kernel and their gradient's
+            # scatter lands in the flat layout the view above hands back
+            index = kwargs[KV_INDEX].to(query.device)
+            k, v = k.index_select(0, index), v.index_select(0, index)
         if kwargs.get(KV_INDEX) is not None and torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
             k, v = _KeysNoSegmentReads.apply(k, v, cu_k)
         out = kernel(q, k, v, cu_q, cu_k, int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), float(scaling),

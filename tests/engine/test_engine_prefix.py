@@ -103,7 +103,9 @@ def test_a_group_submitted_together_computes_its_shared_prompt_once(name):
     """Eight members of a group share a 100-token prompt (plus one token of their own) and arrive in one batch with
     room for all in one step: the first computes the prompt, the others wait for its pages (a hybrid: and its state
     snapshot) and prefill only their own tail, each member's tokens and logprobs those of the cache off. Another
-    group's members, behind them in the queue, are admitted meanwhile."""
+    group's members, behind them in the queue, are admitted meanwhile. Logprobs within 1e-5 (dense) and 1e-4 (hybrid:
+    the tiny default's fp32 is itself 2.7e-4 off fp64 in its last hidden states, and a member resumed from a snapshot
+    runs its rule in other chunks than one prefilled whole; measured 2.0e-5 on an AMD EPYC)."""
     model = load_model(name)[0]
     params = [SamplingParams(max_new_tokens=5, temperature=1.0, seed=i, ignore_eos=True) for i in range(16)]
     shared, other = random_prompts(2, 100, 101, seed=11)
@@ -114,7 +116,7 @@ def test_a_group_submitted_together_computes_its_shared_prompt_once(name):
     refs = Engine(model, EngineConfig(**config, enable_prefix_cache=False)).generate(prompts, params)
     assert [o.token_ids for o in outs] == [r.token_ids for r in refs]
     torch.testing.assert_close(torch.tensor([o.logprobs for o in outs]), torch.tensor([r.logprobs for r in refs]),
-                               atol=1e-5, rtol=0)
+                               atol=1e-4 if name == "tiny-qwen3.5" else 1e-5, rtol=0)
     # Each group's prompt once (101 tokens), each other member its last 5 (the 6 full pages from the cache)
     assert engine.stats.prefilled_tokens == 2 * (101 + 7 * 5)
     assert [o.cached_tokens for o in outs] == 2 * ([0] + [96] * 7)

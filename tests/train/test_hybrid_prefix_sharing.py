@@ -92,13 +92,15 @@ def test_a_prefix_ending_on_a_chunk_boundary_gives_unshareds_logprobs(monkeypatc
 def test_shared_logprobs_and_gradients_equal_unshared_packing(monkeypatch):
     """Prefixes of every length, ending inside a chunk: the suffix's chunks start at its prefix's end rather than
     64-aligned from the sample's start, and transformers' reference rule computes in fp32 whatever the model's dtype,
-    so this is rounding of another chunking. Logprobs within 1e-5 relative (measured 4e-6: 1.8e-4 on logprobs
-    reaching -46); gradients within 1e-3 of each tensor's largest entry (measured 1.3e-4; the backward reaches the
-    prefix through its final state rather than through the chunk recurrence). Without the prefix's state the
-    logprobs move by 16."""
+    so this is rounding of another chunking. At the tiny model's initializer range (1.0) fp32 is itself off from
+    fp64 by 2.7e-4 in the last hidden states (`tests/train/test_hybrid_gpu.py::well_conditioned`), so two correct
+    chunkings differ by that much: logprobs within 5e-4 absolute (measured 1.2e-4 at a logprob of -7.5 on an AMD
+    EPYC, 1.8e-4 at -46 elsewhere; a 1e-5 relative bound failed on the first); gradients within 1e-3 of each
+    tensor's largest entry (measured 1.3e-4; the backward reaches the prefix through its final state rather than
+    through the chunk recurrence). Without the prefix's state the logprobs move by 16."""
     model = _hybrid(monkeypatch)
     got, want, got_grads, want_grads = _compare(model, _samples(model.config.vocab_size))
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, want, atol=5e-4, rtol=0)
     for name, w in want_grads.items():
         assert (got_grads[name] - w).abs().max() <= 1e-3 * w.abs().max(), name
 

@@ -246,5 +246,5 @@ def test_the_fp32_bound_is_above_fp32_rounding():
             hidden[dtype] = states[0, :batch.num_tokens]
         return float((hidden[torch.float32].double() - hidden[torch.float64]).abs().max())
 
-    assert fp32_error(WELL_CONDITIONED_INIT) < 2e-6  # 1.4e-6 measured
+    assert fp32_error(WELL_CONDITIONED_INIT) < 5e-6  # half the GPU bound; 1.4e-6 measured, 2.9e-6 on an AMD EPYC
     assert fp32_error(tiny_config("tiny-qwen3.5").initializer_range) > 1e-4  # 2.7e-4 measured: the tiny default's
