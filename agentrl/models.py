@@ -61,6 +61,11 @@ def decoder_layers(model: "torch.nn.Module") -> list:
     return []
 
 
+def is_hybrid(model) -> bool:
+    """Whether `model` has linear-attention (gated delta net) layers beside its full-attention ones."""
+    return "linear_attention" in (getattr(getattr(model, "config", None), "layer_types", None) or ())
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
 

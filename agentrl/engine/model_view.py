@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from agentrl.models import decoder_layers
+from agentrl.models import decoder_layers, is_hybrid
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,7 @@ def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | N
 
     if activation_memory_budget is not None:
         functorch_config.activation_memory_budget = activation_memory_budget
-    hybrid = "linear_attention" in (getattr(getattr(model, "config", None), "layer_types", None) or ())
-    if hasattr(functorch_config, "guess_tangent_strides_as_outputs") and not hybrid:
+    if hasattr(functorch_config, "guess_tangent_strides_as_outputs") and not is_hybrid(model):
         functorch_config.guess_tangent_strides_as_outputs = True
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"

@@ -35,14 +35,11 @@ from typing import Callable
 
 import torch
 
+from agentrl.models import is_hybrid
 from agentrl.train.flat_graphs import FlatGraphs, FlatInputs, Plan, RoundUp, boundaries, flat_forward
 from agentrl.train.linear_conv import chunk_indices, packed_conv_boundaries
 from agentrl.train.pack import PackedBatch
 from agentrl.train.varlen_attention import takes_flat_layout
-
-
-def is_hybrid(model) -> bool:
-    return "linear_attention" in (getattr(model.config, "layer_types", None) or ())
 
 
 def varlen_kernels_installed() -> bool:
