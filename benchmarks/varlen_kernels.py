@@ -70,6 +70,33 @@ def cudnn_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, caus
     return out[0]
 
 
+def edge_case_errors(kernel, hq, hkv, d) -> tuple[float, float]:
+    """Largest error against the fp32 per-sample reference (output and gradients) on the two layouts the trainer
+    also hands the kernel: a bucket's boundaries (empty segments, a padding tail) and a prefix-shared row (each
+    suffix's keys are the shared prefix's then its own, more keys than queries, the causal mask aligned to the end
+    of the keys)."""
+    from agentrl.train.varlen_attention import reference_kernel
+
+    errors = []
+    g = torch.Generator(device="cuda").manual_seed(1)
+    # bucket: segments 300, 0, 700, a tail of 24, then empty segments up to a capacity of 8
+    cu = torch.tensor([0, 300, 300, 1000, 1024, 1024, 1024, 1024, 1024], dtype=torch.int32, device="cuda")
+    # prefix-shared: a 500-token prefix, suffixes of 200 and 120 tokens; queries are the suffixes, keys gathered
+    cu_q = torch.tensor([0, 500, 700, 820], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 500, 1200, 1820], dtype=torch.int32, device="cuda")
+    for cq, ck, nq, nk, mq, mk in ((cu, cu, 1024, 1024, 700, 700), (cu_q, cu_k, 820, 1820, 500, 700)):
+        q = torch.randn(nq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(nk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        grad = torch.randn_like(q)
+        outs = []
+        for kern, cast in ((kernel, lambda t: t), (reference_kernel, lambda t: t.float())):
+            leaves = [cast(t).detach().requires_grad_() for t in (q, k, v)]
+            out = kern(*leaves, cq, ck, mq, mk, d ** -0.5, True, 0.0)
+            outs.append([out, *torch.autograd.grad(out, leaves, cast(grad))])
+        errors.append(max((a.float() - b).abs().max().item() for a, b in zip(*outs)))
+    return errors[0], errors[1]
+
+
 def timed(fn, reps: int) -> float:
     times = []
     for _ in range(reps + 2):
@@ -108,6 +135,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=25000)
     p.add_argument("--reps", type=int, default=10)
     args = p.parse_args()
+    from agentrl.train.varlen_attention import cudnn_kernel as frontend_kernel
     from agentrl.train.varlen_attention import flash_kernel, reference_kernel
 
     hq, hkv, d = SHAPES[args.model_shape]
@@ -124,7 +152,7 @@ def main() -> None:
     exact = run(reference_kernel, *(t.float() for t in first[:3]), first[3], first[4], grad=grads[0].float())
     print(f"{'kernel':<8} {'fwd ms':>8} {'TFLOP/s':>8} {'fwd+bwd ms':>11} {'TFLOP/s':>8} {'max |diff| vs flash':>20} "
           f"{'max |err| vs fp32':>18}")
-    kernels = (("flash", flash_kernel), ("cudnn", cudnn_kernel))
+    kernels = (("flash", flash_kernel), ("cudnn-fe", frontend_kernel), ("cudnn", cudnn_kernel))
     for name, kernel in kernels:
         try:
             got = [run(kernel, *b, grad=g) for b, g in zip(batches, grads)]
@@ -138,6 +166,12 @@ def main() -> None:
             continue
         print(f"{name:<8} {fwd:>8.2f} {fwd_flops / fwd / 1e9:>8.0f} {both:>11.2f} {3.5 * fwd_flops / both / 1e9:>8.0f} "
               f"{diff:>20.2e} {err:>18.2e}")
+    for name, kernel in kernels[:2]:
+        try:
+            bucket, shared = edge_case_errors(kernel, hq, hkv, d)
+            print(f"{name}: max |err| vs fp32 with empty segments and a tail {bucket:.2e}, prefix-shared {shared:.2e}")
+        except Exception as exc:
+            print(f"{name}: edge cases failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     for name, kernel in kernels:  # last: a failed capture can leave the device unusable for what follows
         try:
             print(f"{name}: a CUDA graph of forward and backward replays to eager: {graph_replays_equal(kernel, *first)}")

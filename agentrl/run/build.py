@@ -41,7 +41,8 @@ from agentrl.train.linear_conv import install_wrappers, use_reference_delta_rule
 from agentrl.train.logprobs import is_hybrid, packed_backward_failure, packing_error, varlen_kernels_installed
 from agentrl.train.optim import retarget_schedule
 from agentrl.train.trainer import Trainer
-from agentrl.train.varlen_attention import (ATTN_IMPLEMENTATION, register, takes_flat_layout,
+from agentrl.train.varlen_attention import (ATTN_IMPLEMENTATION, CUDNN_IMPLEMENTATION, cudnn_kernel,
+                                            cudnn_varlen_available, register, takes_flat_layout,
                                             varlen_attention_available)
 
 
@@ -239,6 +240,11 @@ def attention_implementation(cfg: ModelConfig, model, device: str) -> str | None
             raise RuntimeError(f"model.attn_implementation={ATTN_IMPLEMENTATION} needs CUDA with flash attention "
                                "(sm80 or newer); use flex_attention or sdpa here")
         register()  # transformers accepts only registered names
+    elif name == CUDNN_IMPLEMENTATION:
+        if not cudnn_varlen_available():
+            raise RuntimeError(f"model.attn_implementation={CUDNN_IMPLEMENTATION} needs CUDA (sm80 or newer) and "
+                               "NVIDIA's cudnn-frontend: pip install nvidia-cudnn-frontend")
+        register(CUDNN_IMPLEMENTATION, cudnn_kernel)
     return name
 
 

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 ATTN_IMPLEMENTATION = "agentrl_varlen"
+CUDNN_IMPLEMENTATION = "agentrl_varlen_cudnn"  # the same plumbing around `cudnn_kernel`
 KV_INDEX = "agentrl_kv_index"  # the kwarg naming, for each gathered key, its position in the flat row
 
 # Implementations that read sample boundaries from the kwargs and so need the flat layout.
@@ -45,6 +46,23 @@ def flash_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, caus
     out = torch.ops.aten._flash_attention_forward(
         q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, dropout, causal, False, scale=scale)
     return out[0]
+
+
+def cudnn_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
+    """cuDNN's fused attention through NVIDIA's cudnn-frontend op (`nvidia-cudnn-frontend`, `torch.ops.cudnn`): the
+    same flat layout and boundaries as flash attention's varlen kernel (its packed THD path, ragged offsets on the
+    device), fewer kv heads than query heads as they are, differentiable through the package's own backward op.
+    The causal mask is aligned to the end of each sequence's keys, as flash aligns it. No dropout: the op has none.
+    The package builds one cuDNN graph per (sequences, longest sequence, total tokens) it meets; the trainer's
+    buckets keep those few."""
+    if dropout:
+        raise NotImplementedError("the cuDNN varlen kernel has no attention dropout")
+    import cudnn.sdpa.fwd.torch_op  # noqa: F401  registers torch.ops.cudnn.sdpa_fwd and its backward
+
+    out, _ = torch.ops.cudnn.sdpa_fwd(q.contiguous(), k.contiguous(), v.contiguous(), scale, is_causal=causal,
+                                      causal_bottom_right=causal, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k,
+                                      max_seqlen_q=max_q, max_seqlen_kv=max_k, return_lse=True)
+    return out
 
 
 def reference_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
@@ -165,3 +183,11 @@ def varlen_attention_available() -> bool:
     if built is not None and not built():
         return False
     return torch.cuda.get_device_capability()[0] >= 8
+
+
+def cudnn_varlen_available() -> bool:
+    """CUDA (sm80 or newer) with NVIDIA's cudnn-frontend package, whose torch op `cudnn_kernel` calls."""
+    import importlib.util
+
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
+            and importlib.util.find_spec("cudnn") is not None)
