@@ -391,6 +391,12 @@ PY
     qwen-cudnn) TAIL=70 run "$1" 420 sh -c "python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
         --steps 8 --profile --trace $OUT/trace --variants default,default+model.attn_implementation=agentrl_varlen_cudnn \
         && for t in $OUT/trace/*; do python3 benchmarks/trace_gaps.py \$t --top 8; done; rm -rf $OUT/trace" ;;
+    # #16: the attention traced into the compiled layers (AGENTRL_TRACED_ATTENTION=1: no graph break, so no
+    # tangent copies of q, k and v), flash and cuDNN, and cuDNN with two rows a micro-batch; the default untraced
+    # flash row in the same process for the baseline
+    qwen-traced) TAIL=40 run "$1" 480 env AGENTRL_TRACED_ATTENTION=1 python3 benchmarks/train_step.py \
+        --model-shape qwen3-0.6b --skip-hf --steps 8 --profile --variants "default,default+model.attn_implementation=\
+agentrl_varlen_cudnn,default+model.attn_implementation=agentrl_varlen_cudnn+trainer.rows_per_micro_batch=2" ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac
 }

@@ -174,7 +174,8 @@ def main() -> None:
             print(f"{name}: edge cases failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     for name, kernel in kernels:  # last: a failed capture can leave the device unusable for what follows
         try:
-            print(f"{name}: a CUDA graph of forward and backward replays to eager: {graph_replays_equal(kernel, *first)}")
+            same = graph_replays_equal(kernel, *first)
+            print(f"{name}: a CUDA graph of forward and backward replays to eager: {same}")
         except Exception as exc:
             print(f"{name}: graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
 

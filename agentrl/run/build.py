@@ -11,6 +11,8 @@ pools, shares out and sums what its replicas generate and train.
 
 from __future__ import annotations
 
+import os
+
 import contextlib
 import dataclasses
 import gc
@@ -239,12 +241,12 @@ def attention_implementation(cfg: ModelConfig, model, device: str) -> str | None
         if not varlen_attention_available():
             raise RuntimeError(f"model.attn_implementation={ATTN_IMPLEMENTATION} needs CUDA with flash attention "
                                "(sm80 or newer); use flex_attention or sdpa here")
-        register()  # transformers accepts only registered names
+        register(traced=os.environ.get("AGENTRL_TRACED_ATTENTION") == "1")  # transformers accepts only registered names
     elif name == CUDNN_IMPLEMENTATION:
         if not cudnn_varlen_available():
             raise RuntimeError(f"model.attn_implementation={CUDNN_IMPLEMENTATION} needs CUDA (sm80 or newer) and "
                                "NVIDIA's cudnn-frontend: pip install nvidia-cudnn-frontend")
-        register(CUDNN_IMPLEMENTATION, cudnn_kernel)
+        register(CUDNN_IMPLEMENTATION, cudnn_kernel, traced=os.environ.get("AGENTRL_TRACED_ATTENTION") == "1")
     return name
 
 

@@ -57,7 +57,8 @@ def cudnn_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, caus
     buckets keep those few."""
     if dropout:
         raise NotImplementedError("the cuDNN varlen kernel has no attention dropout")
-    import cudnn.sdpa.fwd.torch_op  # noqa: F401  registers torch.ops.cudnn.sdpa_fwd and its backward
+    if not torch.compiler.is_compiling():
+        import cudnn.sdpa.fwd.torch_op  # noqa: F401  registers torch.ops.cudnn.sdpa_fwd and its backward
 
     out, _ = torch.ops.cudnn.sdpa_fwd(q.contiguous(), k.contiguous(), v.contiguous(), scale, is_causal=causal,
                                       causal_bottom_right=causal, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k,
@@ -124,10 +125,11 @@ class _FlatHeads(torch.autograd.Function):
         return g.as_strided(g.shape, (g.numel(), *g.stride()[1:]), g.storage_offset())
 
 
-def make_attention(kernel: Kernel, name: str):
-    """A transformers attention function `(module, query, key, value, attention_mask, ...)` around `kernel`."""
+def make_attention(kernel: Kernel, name: str, traced: bool = False):
+    """A transformers attention function `(module, query, key, value, attention_mask, ...)` around `kernel`.
+    `traced`: compiled layers trace through it (the kernel must be an op with a fake implementation) instead of
+    breaking their graph around it."""
 
-    @torch.compiler.disable
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         names = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
         missing = [k for k in names if kwargs.get(k) is None]
@@ -146,7 +148,8 @@ def make_attention(kernel: Kernel, name: str):
         # [1, H, T, D] -> [T, H, D]: the flat layout has one row. A view, not t[0]: indexing's backward writes each
         # gradient into a zeroed copy of the whole input (a fill and a strided copy per tensor and layer, a visible
         # share of a step's backward: BENCHMARKS.md); and one whose gradient comes back in the input's strides.
-        q, k, v = (_FlatHeads.apply(t) for t in (query, key, value))
+        # Traced into a compiled layer, the layout is the compiler's: plain views.
+        q, k, v = ((t.squeeze(0).transpose(0, 1) if traced else _FlatHeads.apply(t)) for t in (query, key, value))
         if kwargs.get(KV_INDEX) is not None:  # a prefix-shared row: each query sequence's keys, gathered
             # along the flat tokens, so the gathered keys are contiguous for the kernel and their gradient's
             # scatter lands in the flat layout the view above hands back
@@ -158,14 +161,16 @@ def make_attention(kernel: Kernel, name: str):
                      bool(getattr(module, "is_causal", True)), float(dropout))
         return out[None], None  # [1, T, Hq, D], as transformers' attention functions return
 
-    return attention
+    return attention if traced else torch.compiler.disable(attention)
 
 
-def register(name: str = ATTN_IMPLEMENTATION, kernel: Kernel = flash_kernel) -> str:
+def register(name: str = ATTN_IMPLEMENTATION, kernel: Kernel = flash_kernel, traced: bool = False) -> str:
     """Register `kernel` with transformers as attention implementation `name` (flat layout); returns the name."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(name, make_attention(kernel, name))
+    if kernel is cudnn_kernel:
+        import cudnn.sdpa.fwd.torch_op  # noqa: F401  its ops, registered before any trace meets them
+    AttentionInterface.register(name, make_attention(kernel, name, traced))
     _FLAT.add(name)
     return name
 
