@@ -391,12 +391,16 @@ PY
     qwen-cudnn) TAIL=70 run "$1" 420 sh -c "python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
         --steps 8 --profile --trace $OUT/trace --variants default,default+model.attn_implementation=agentrl_varlen_cudnn \
         && for t in $OUT/trace/*; do python3 benchmarks/trace_gaps.py \$t --top 8; done; rm -rf $OUT/trace" ;;
-    # #16: the attention traced into the compiled layers (AGENTRL_TRACED_ATTENTION=1: no graph break, so no
-    # tangent copies of q, k and v), flash and cuDNN, and cuDNN with two rows a micro-batch; the default untraced
-    # flash row in the same process for the baseline
-    qwen-traced) TAIL=40 run "$1" 480 env AGENTRL_TRACED_ATTENTION=1 python3 benchmarks/train_step.py \
-        --model-shape qwen3-0.6b --skip-hf --steps 8 --profile --variants "default,default+model.attn_implementation=\
-agentrl_varlen_cudnn,default+model.attn_implementation=agentrl_varlen_cudnn+trainer.rows_per_micro_batch=2" ;;
+    # #16: the new default (cuDNN's attention traced into the compiled layers, on Hopper) against flash's, traced
+    # too, and two rows a micro-batch within the memory goal; both shapes; then the GPU tests of the kernels, the
+    # traced layers and the trainer's graphs with each attention
+    cudnn-default) TAIL=30 run "$1" 300 sh -c "python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
+        --steps 10 --variants default,default+model.attn_implementation=agentrl_varlen,default+trainer.\
+rows_per_micro_batch=2+model.activation_memory_budget=0.6 && python3 benchmarks/train_step.py --model-shape smollm2 \
+        --skip-hf --steps 10 --variants default,default+model.attn_implementation=agentrl_varlen" ;;
+    cudnn-tests) TAIL=30 run "$1" 300 python3 -m pytest -m gpu tests/train/test_traced_attention.py \
+        tests/train/test_flat_graphs_gpu.py tests/train/test_varlen_attention.py -q -rA --tb=short \
+        -p no:cacheprovider -p no:warnings ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac
 }

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import random
 import statistics
 import sys
@@ -249,6 +250,11 @@ def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=No
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         compiled_before = frames["total"]
+        # As `agentrl train` does after its first step (build.freeze_start_objects): what the start made (the model,
+        # the compiled code) leaves the collector's generations, so a collection during a timed step walks only what
+        # the steps made.
+        gc.collect()
+        gc.freeze()
         # Each step timed on its own and the median reported: one step slowed by something outside the trainer (a
         # collection, the host) moved a mean of five by a fifth between identical rows of one process.
         times = []
@@ -276,6 +282,8 @@ def measure(name, fn, model, batch, cfg, steps, profile=False, trained_tokens=No
     except Exception as exc:  # one variant failing (e.g. to compile) must not hide the rest of the table
         model.zero_grad(set_to_none=True)
         return {"name": name, "error": f"{type(exc).__name__}: {exc}"[:200]}
+    finally:
+        gc.unfreeze()
     # Reserved counts what allocated misses: a CUDA graph's memory pool, filled at its capture (in the warm-up).
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
     reserved = torch.cuda.max_memory_reserved() / 2**30 if torch.cuda.is_available() else 0.0

@@ -1,16 +1,18 @@
-"""The training forward's varlen attention kernel (flash attention, `agentrl.train.varlen_attention`) against
-cuDNN's fused attention through the same aten layout, on the packed rows the train-step benchmark trains (samples of
-200-2,000 tokens in rows of 8,192). Flash attention's forward and backward are a quarter of the Qwen3-0.6B step;
-cuDNN's is the candidate replacement on Hopper, not offered to runs: on one H200 (torch 2.11, cuDNN 9.19) its
-ragged path failed the per-segment reference test, gave non-finite gradients in the train step and broke graph
-capture (BENCHMARKS.md, 2026-12-02). PyTorch's nested-tensor attention, the op's one caller with sequence offsets,
-refuses causal masks, so that causal ragged path is one PyTorch does not use itself.
+"""The training forward's varlen attention kernels on the packed rows the train-step benchmark trains (samples of
+200-2,000 tokens in rows of 8,192): flash attention's (`agentrl.train.varlen_attention`), cuDNN's through NVIDIA's
+cudnn-frontend ops (`agentrl.train.cudnn_attention`, "cudnn-fe", the default on Hopper), and cuDNN's through
+PyTorch's own ragged aten op ("cudnn"), kept as a row for a later torch: on one H200 (torch 2.11, cuDNN 9.19) that
+path failed the per-segment reference test, gave non-finite gradients in the train step and broke graph capture
+(BENCHMARKS.md, 2026-12-02); PyTorch's nested-tensor attention, the op's one caller with sequence offsets, refuses
+causal masks, so that causal ragged path is one PyTorch does not use itself.
 
-Prints, per kernel: forward and forward+backward milliseconds over all rows (median of `--reps`), their TFLOP/s
-(causal pairs only), the largest difference from flash attention (output and the three gradients), each kernel's
-largest error against an fp32 per-sample reference on the first row (what bounds a bf16 tolerance); then whether
-a CUDA graph of its forward and backward replays to the eager result within bf16 rounding (flash's backward adds
-with atomics, so not bit for bit). GPU only.
+Prints, per kernel: forward and forward+backward milliseconds over all rows (median of `--reps`, launched eagerly:
+host time counts, which the trainer's CUDA graphs do not pay), their TFLOP/s (causal pairs only), the largest
+difference from flash attention (output and the three gradients), each kernel's largest error against an fp32
+per-sample reference on the first row (what bounds a bf16 tolerance); the same error on a bucket's boundaries
+(empty segments, a padding tail) and on a prefix-shared row (more keys than queries); then whether a CUDA graph of
+its forward and backward replays to the eager result within bf16 rounding (flash's backward adds with atomics, so
+not bit for bit). GPU only.
 
 usage: python benchmarks/varlen_kernels.py [--model-shape qwen3-0.6b|smollm2] [--tokens 25000] [--reps 10]
 """
@@ -135,7 +137,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=25000)
     p.add_argument("--reps", type=int, default=10)
     args = p.parse_args()
-    from agentrl.train.varlen_attention import cudnn_kernel as frontend_kernel
+    from agentrl.train.cudnn_attention import cudnn_kernel as frontend_kernel
     from agentrl.train.varlen_attention import flash_kernel, reference_kernel
 
     hq, hkv, d = SHAPES[args.model_shape]

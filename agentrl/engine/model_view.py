@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from agentrl.models import decoder_layers, is_hybrid
+from agentrl.models import decoder_layers
 
 
 @dataclass(frozen=True)
@@ -127,19 +127,11 @@ def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | N
 
     `activation_memory_budget` (training only; a process-wide functorch setting read when the backward is
     partitioned): below 1 the compiled layers recompute their cheapest activations in the backward instead of
-    saving them.
-
-    For a dense model a compiled backward plans its incoming gradients' strides as its outputs' (functorch's
-    `guess_tangent_strides_as_outputs`, where the torch has it; off by default in some releases): the attention's
-    q, k and v leave a layer as transposed views and their gradients come back in those strides, which a contiguous
-    plan copied first, three copies a layer. Not for hybrid models: their delta nets hand fla's kernels split views
-    whose gradients come back contiguous, which the outputs' strides would copy instead."""
+    saving them."""
     from torch._functorch import config as functorch_config
 
     if activation_memory_budget is not None:
         functorch_config.activation_memory_budget = activation_memory_budget
-    if hasattr(functorch_config, "guess_tangent_strides_as_outputs") and not is_hybrid(model):
-        functorch_config.guess_tangent_strides_as_outputs = True
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), 64))

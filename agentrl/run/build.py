@@ -11,8 +11,6 @@ pools, shares out and sums what its replicas generate and train.
 
 from __future__ import annotations
 
-import os
-
 import contextlib
 import dataclasses
 import gc
@@ -39,12 +37,12 @@ from agentrl.run.interrupt import critical
 from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint
 from agentrl.train.config import ModelConfig
 from agentrl.train import delta_rule_backward
+from agentrl.train.cudnn_attention import cudnn_kernel, cudnn_varlen_available
 from agentrl.train.linear_conv import install_wrappers, use_reference_delta_rule, uses_reference_delta_rule
 from agentrl.train.logprobs import is_hybrid, packed_backward_failure, packing_error, varlen_kernels_installed
 from agentrl.train.optim import retarget_schedule
 from agentrl.train.trainer import Trainer
-from agentrl.train.varlen_attention import (ATTN_IMPLEMENTATION, CUDNN_IMPLEMENTATION, cudnn_kernel,
-                                            cudnn_varlen_available, register, takes_flat_layout,
+from agentrl.train.varlen_attention import (ATTN_IMPLEMENTATION, CUDNN_IMPLEMENTATION, register, takes_flat_layout,
                                             varlen_attention_available)
 
 
@@ -225,28 +223,34 @@ def check_hybrid_kernels(cfg: ModelConfig, model, device: str) -> None:
 
 
 def attention_implementation(cfg: ModelConfig, model, device: str) -> str | None:
-    """The training forward's attention (None: leave transformers' default, sdpa). On GPU the varlen kernel wherever
-    the flat layout applies (dense models, or hybrid ones with varlen kernels) and flash can run (bf16/fp16)."""
+    """The training forward's attention (None: leave transformers' default, sdpa). On GPU a varlen kernel wherever
+    the flat layout applies (dense models, or hybrid ones with varlen kernels) and it can run (bf16/fp16): cuDNN's
+    on Hopper where NVIDIA's cudnn-frontend is installed (measured faster there: BENCHMARKS.md, train step), else
+    flash attention's. For dense models it is traced into the compiled layers (`varlen_attention.make_attention`);
+    a hybrid's compiled layers keep their graph break there (traced, never measured)."""
     name = cfg.attn_implementation
     if name is None:
         if device != "cuda":
             return None
         flat = not is_hybrid(model) or hybrid_varlen(cfg, device)
         half = model.dtype in (torch.float16, torch.bfloat16)
-        if flat and half and varlen_attention_available():
+        if flat and half and cudnn_varlen_available() and torch.cuda.get_device_capability() == (9, 0):
+            name = CUDNN_IMPLEMENTATION
+        elif flat and half and varlen_attention_available():
             name = ATTN_IMPLEMENTATION
         else:  # transformers refuses flex_attention for hybrid models; their per-sample path pads, sdpa serves it
             name = "sdpa" if is_hybrid(model) else "flex_attention"
+    traced = not is_hybrid(model)
     if name == ATTN_IMPLEMENTATION:
         if not varlen_attention_available():
             raise RuntimeError(f"model.attn_implementation={ATTN_IMPLEMENTATION} needs CUDA with flash attention "
                                "(sm80 or newer); use flex_attention or sdpa here")
-        register(traced=os.environ.get("AGENTRL_TRACED_ATTENTION") == "1")  # transformers accepts only registered names
+        register(traced=traced)  # transformers accepts only registered names
     elif name == CUDNN_IMPLEMENTATION:
         if not cudnn_varlen_available():
             raise RuntimeError(f"model.attn_implementation={CUDNN_IMPLEMENTATION} needs CUDA (sm80 or newer) and "
                                "NVIDIA's cudnn-frontend: pip install nvidia-cudnn-frontend")
-        register(CUDNN_IMPLEMENTATION, cudnn_kernel, traced=os.environ.get("AGENTRL_TRACED_ATTENTION") == "1")
+        register(CUDNN_IMPLEMENTATION, cudnn_kernel, traced=traced)
     return name
 
 

@@ -8,9 +8,12 @@ whenever the model's attention implementation is one registered here (`takes_fla
 
 Transformers passes `cu_seq_lens_q/k` and `max_length_q/k` given to the decoder's forward through every layer to
 the attention function unchanged; implementations it does not know get no mask built (the boundaries are the
-mask). The attention function is kept out of `torch.compile` (`torch.compiler.disable`): compiled decoder layers
-then break their graph around it instead of specialising on the Python-int max lengths, which change with every
-micro-batch.
+mask). Registered `traced`, the attention function is traced into compiled decoder layers: the kernel is an op
+with a fake implementation taking the max lengths as `SymInt`s (flash's aten op, `cudnn_attention`'s), so dynamic
+layers neither recompile on them nor break their graph. A graph break there costs a copy of each of q, k and v's
+gradients: the compiled layer hands them over as transposed views, and a dynamic layer's backward plans their
+incoming gradients contiguous (functorch guesses tangent strides only for static shapes). Otherwise (a kernel that
+is not an op, like `reference_kernel`) it is kept out of `torch.compile` (`torch.compiler.disable`).
 
 A prefix-shared batch (`prefix_forward`) also passes `kv_index`: the keys and values are gathered by it before
 the kernel runs, so a query sequence (a suffix) can have keys that are not contiguous in the row (the prefix, then
@@ -29,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 ATTN_IMPLEMENTATION = "agentrl_varlen"
-CUDNN_IMPLEMENTATION = "agentrl_varlen_cudnn"  # the same plumbing around `cudnn_kernel`
+CUDNN_IMPLEMENTATION = "agentrl_varlen_cudnn"  # the same plumbing around `cudnn_attention.cudnn_kernel`
 KV_INDEX = "agentrl_kv_index"  # the kwarg naming, for each gathered key, its position in the flat row
 
 # Implementations that read sample boundaries from the kwargs and so need the flat layout.
@@ -46,24 +49,6 @@ def flash_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, caus
     out = torch.ops.aten._flash_attention_forward(
         q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, dropout, causal, False, scale=scale)
     return out[0]
-
-
-def cudnn_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
-    """cuDNN's fused attention through NVIDIA's cudnn-frontend op (`nvidia-cudnn-frontend`, `torch.ops.cudnn`): the
-    same flat layout and boundaries as flash attention's varlen kernel (its packed THD path, ragged offsets on the
-    device), fewer kv heads than query heads as they are, differentiable through the package's own backward op.
-    The causal mask is aligned to the end of each sequence's keys, as flash aligns it. No dropout: the op has none.
-    The package builds one cuDNN graph per (sequences, longest sequence, total tokens) it meets; the trainer's
-    buckets keep those few."""
-    if dropout:
-        raise NotImplementedError("the cuDNN varlen kernel has no attention dropout")
-    if not torch.compiler.is_compiling():
-        import cudnn.sdpa.fwd.torch_op  # noqa: F401  registers torch.ops.cudnn.sdpa_fwd and its backward
-
-    out, _ = torch.ops.cudnn.sdpa_fwd(q.contiguous(), k.contiguous(), v.contiguous(), scale, is_causal=causal,
-                                      causal_bottom_right=causal, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k,
-                                      max_seqlen_q=max_q, max_seqlen_kv=max_k, return_lse=True)
-    return out
 
 
 def reference_kernel(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, dropout: float):
@@ -104,27 +89,6 @@ class _KeysNoSegmentReads(torch.autograd.Function):
         return torch.where(read, dk, 0), torch.where(read, dv, 0), None
 
 
-class _FlatHeads(torch.autograd.Function):
-    """`[1, H, T, D] -> [T, H, D]` as a view, whose backward hands the gradient back in the input's exact strides.
-
-    A compiled decoder layer returns q, k and v as transposed views (`[1, H, T, D]` over `[1, T, H, D]` memory), and
-    its backward checks each incoming gradient's strides against the ones it planned for, literally, the size-1
-    batch dimension's included. The plain view's backward (`unsqueeze` of the transposed gradient) gives that
-    dimension another stride, so every gradient was copied into the planned layout first: three strided copies a
-    layer and micro-batch (BENCHMARKS.md, the Qwen3-0.6B step). The plan gives it the stride of a whole `[T, H, D]`
-    block (what a transposed view of a `[1, T, H, D]` buffer has; the input itself may come as a view rebuilt with
-    another), and a size-1 dimension's stride addresses nothing, so handing back that one is free."""
-
-    @staticmethod
-    def forward(ctx, t):
-        return t.squeeze(0).transpose(0, 1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        g = grad.transpose(0, 1).unsqueeze(0)
-        return g.as_strided(g.shape, (g.numel(), *g.stride()[1:]), g.storage_offset())
-
-
 def make_attention(kernel: Kernel, name: str, traced: bool = False):
     """A transformers attention function `(module, query, key, value, attention_mask, ...)` around `kernel`.
     `traced`: compiled layers trace through it (the kernel must be an op with a fake implementation) instead of
@@ -147,9 +111,8 @@ def make_attention(kernel: Kernel, name: str, traced: bool = False):
         cu_q, cu_k = (kwargs[k].to(device=query.device, dtype=torch.int32) for k in ("cu_seq_lens_q", "cu_seq_lens_k"))
         # [1, H, T, D] -> [T, H, D]: the flat layout has one row. A view, not t[0]: indexing's backward writes each
         # gradient into a zeroed copy of the whole input (a fill and a strided copy per tensor and layer, a visible
-        # share of a step's backward: BENCHMARKS.md); and one whose gradient comes back in the input's strides.
-        # Traced into a compiled layer, the layout is the compiler's: plain views.
-        q, k, v = ((t.squeeze(0).transpose(0, 1) if traced else _FlatHeads.apply(t)) for t in (query, key, value))
+        # share of a step's backward: BENCHMARKS.md).
+        q, k, v = (t.squeeze(0).transpose(0, 1) for t in (query, key, value))
         if kwargs.get(KV_INDEX) is not None:  # a prefix-shared row: each query sequence's keys, gathered
             # along the flat tokens, so the gathered keys are contiguous for the kernel and their gradient's
             # scatter lands in the flat layout the view above hands back
@@ -157,8 +120,11 @@ def make_attention(kernel: Kernel, name: str, traced: bool = False):
             k, v = k.index_select(0, index), v.index_select(0, index)
         if kwargs.get(KV_INDEX) is not None and torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
             k, v = _KeysNoSegmentReads.apply(k, v, cu_k)
-        out = kernel(q, k, v, cu_q, cu_k, int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), float(scaling),
-                     bool(getattr(module, "is_causal", True)), float(dropout))
+        max_q, max_k = kwargs["max_length_q"], kwargs["max_length_k"]
+        if not traced:  # traced, they stay symbolic (int() would specialise the layer on each value)
+            max_q, max_k = int(max_q), int(max_k)
+        out = kernel(q, k, v, cu_q, cu_k, max_q, max_k, float(scaling), bool(getattr(module, "is_causal", True)),
+                     float(dropout))
         return out[None], None  # [1, T, Hq, D], as transformers' attention functions return
 
     return attention if traced else torch.compiler.disable(attention)
@@ -168,8 +134,6 @@ def register(name: str = ATTN_IMPLEMENTATION, kernel: Kernel = flash_kernel, tra
     """Register `kernel` with transformers as attention implementation `name` (flat layout); returns the name."""
     from transformers import AttentionInterface
 
-    if kernel is cudnn_kernel:
-        import cudnn.sdpa.fwd.torch_op  # noqa: F401  its ops, registered before any trace meets them
     AttentionInterface.register(name, make_attention(kernel, name, traced))
     _FLAT.add(name)
     return name
@@ -189,10 +153,3 @@ def varlen_attention_available() -> bool:
         return False
     return torch.cuda.get_device_capability()[0] >= 8
 
-
-def cudnn_varlen_available() -> bool:
-    """CUDA (sm80 or newer) with NVIDIA's cudnn-frontend package, whose torch op `cudnn_kernel` calls."""
-    import importlib.util
-
-    return (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
-            and importlib.util.find_spec("cudnn") is not None)

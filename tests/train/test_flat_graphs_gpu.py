@@ -1,7 +1,9 @@
 """The trainer's flat forward and backward replayed from CUDA graphs (`agentrl.train.flat_graphs`) on the GPU, with
-the compiled layers and flash varlen attention of the default: replays train to the weights the same padded
-micro-batches give eagerly, and the bucketed padding (its own segments, empty ones, gathered keys no segment reads)
-to the unpadded trainer's within bf16 rounding, with the allocator's free memory full of NaN. Runs where CUDA and flash attention are; the CPU versions are tests/train/test_flat_graphs.py.
+the compiled layers and the varlen attentions (flash's, the layers broken around it; cuDNN's, traced into them, the
+default on Hopper): replays train to the weights the same padded micro-batches give eagerly, and the bucketed
+padding (its own segments, empty ones, gathered keys no segment reads) to the unpadded trainer's within bf16
+rounding, with the allocator's free memory full of NaN. Runs where CUDA and flash attention are; the CPU versions
+are tests/train/test_flat_graphs.py.
 """
 
 import pytest
@@ -12,6 +14,7 @@ from agentrl.models import load_model
 from agentrl.run.build import TRAINER_COMPILE
 from agentrl.train import varlen_attention as va
 from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig
+from agentrl.train.cudnn_attention import cudnn_kernel, cudnn_varlen_available
 from agentrl.train.flat_graphs import FlatGraphs, cuda_capture
 from agentrl.train.logprobs import _decoder
 from agentrl.train.trainer import Trainer
@@ -35,11 +38,17 @@ def _poison_free_memory():
     del blocks
 
 
-def _train(capture, graphs=True):
+def _attention(kind: str) -> str:
+    if kind == "flash":
+        return va.register()
+    return va.register(va.CUDNN_IMPLEMENTATION, cudnn_kernel, traced=True)  # the default on Hopper
+
+
+def _train(capture, graphs=True, attention="flash"):
     torch.manual_seed(0)
     _poison_free_memory()
     model = load_model("tiny-qwen3", dtype=torch.bfloat16, device="cuda")[0]
-    model.set_attn_implementation(va.register())
+    model.set_attn_implementation(_attention(attention))
     model.train()
     compile_decoder_layers(model, **TRAINER_COMPILE)
     trainer = Trainer(model, TrainerConfig(row_tokens=512, rows_per_micro_batch=1), LossConfig(),
@@ -50,9 +59,11 @@ def _train(capture, graphs=True):
     return model, trainer, losses
 
 
-def test_replays_train_to_the_eager_weights_and_the_buckets_to_the_unpadded_ones():
-    eager, _, eager_losses = _train(None)
-    graphed, trainer, losses = _train(cuda_capture)
+@pytest.mark.parametrize("attention", ["flash", pytest.param("cudnn_traced", marks=pytest.mark.skipif(
+    not cudnn_varlen_available(), reason="needs nvidia-cudnn-frontend"))])
+def test_replays_train_to_the_eager_weights_and_the_buckets_to_the_unpadded_ones(attention):
+    eager, _, eager_losses = _train(None, attention=attention)
+    graphed, trainer, losses = _train(cuda_capture, attention=attention)
     counts = trainer.graphs.counts
     assert counts["captured"] >= 2 and counts["replayed"] >= 3, counts
     # Same kernels on the same shapes, launched from a graph instead of from Python.
@@ -61,7 +72,7 @@ def test_replays_train_to_the_eager_weights_and_the_buckets_to_the_unpadded_ones
         assert torch.equal(a, b)
     # Against no bucketing at all: bf16 rounding of GEMMs over more rows, not a different computation. Buckets pad a
     # prefix-shared row's gathered keys with entries no segment reads (their gradient must be dropped, not summed).
-    plain, _, plain_losses = _train(None, graphs=False)
+    plain, _, plain_losses = _train(None, graphs=False, attention=attention)
     for got, want in zip(losses, plain_losses):
         assert abs(got - want) <= 1e-2 * max(1.0, abs(want)), (losses, plain_losses)
     for a, b in zip(graphed.parameters(), plain.parameters()):
