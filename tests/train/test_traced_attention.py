@@ -248,9 +248,23 @@ def test_cuda_kernel_matches_the_fp32_reference_on_the_trainers_layouts(kernel, 
 @needs_cudnn
 def test_cuda_compiled_layers_with_traced_cudnn_attention_match_eager(fresh_dynamo):
     """The default on Hopper: inductor-compiled dynamic layers with cuDNN's attention traced in, micro-batches of
-    changing flat length, against the eager layers with the same kernel (bf16), no graph break."""
+    changing flat length, no graph break; in bf16 each is as close to the fp32 model (sdpa) as the eager layers
+    with the same kernel are (bf16 gradients of the tiny model are several % from fp32 on every path)."""
     batches = [b.to("cuda") for b in _batches(320)]
     name = va.register(va.CUDNN_IMPLEMENTATION, ca.cudnn_kernel, traced=True)
+
+    def run(model):
+        model.zero_grad(set_to_none=True)
+        lps = [packed_token_logprobs(model, b, chunk_size=64, pad_multiple=16)[0] for b in batches]
+        torch.cat(lps).float().sum().backward()
+        return torch.cat(lps).detach().float(), torch.cat([p.grad.float().reshape(-1) for p in model.parameters()])
+
+    def rel(got, want):
+        return float((got - want).norm() / want.norm())
+
+    reference, _ = load_model("tiny-qwen3", dtype=torch.float32, device="cuda")
+    reference.set_attn_implementation("sdpa")
+    want = run(reference)
     models = []
     for compiled in (False, True):
         model, _ = load_model("tiny-qwen3", dtype=torch.bfloat16, device="cuda")
@@ -258,13 +272,9 @@ def test_cuda_compiled_layers_with_traced_cudnn_attention_match_eager(fresh_dyna
         if compiled:
             compile_decoder_layers(model, **TRAINER_COMPILE)
         models.append(model)
+    eager = run(models[0])
     for _ in range(2):  # the second pass runs the compiled graphs
-        outs = []
-        for model in models:
-            model.zero_grad(set_to_none=True)
-            lps = [packed_token_logprobs(model, b, chunk_size=64, pad_multiple=16)[0] for b in batches]
-            torch.cat(lps).float().sum().backward()
-            outs.append((torch.cat(lps).float(), torch.cat([p.grad.float().reshape(-1) for p in model.parameters()])))
-        for got, want in zip(outs[1], outs[0]):
-            assert float((got - want).norm() / want.norm()) < 2e-2
+        got = run(models[1])
+        for g, e, w in zip(got, eager, want):
+            assert rel(g, w) <= 2 * rel(e, w) + 1e-3, (rel(g, w), rel(e, w))
     assert not sum(torch._dynamo.utils.counters["graph_break"].values())
