@@ -224,17 +224,19 @@ def check_hybrid_kernels(cfg: ModelConfig, model, device: str) -> None:
 
 def attention_implementation(cfg: ModelConfig, model, device: str) -> str | None:
     """The training forward's attention (None: leave transformers' default, sdpa). On GPU a varlen kernel wherever
-    the flat layout applies (dense models, or hybrid ones with varlen kernels) and it can run (bf16/fp16): cuDNN's
-    on Hopper where NVIDIA's cudnn-frontend is installed (measured faster there: BENCHMARKS.md, train step), else
-    flash attention's. For dense models it is traced into the compiled layers (`varlen_attention.make_attention`);
-    a hybrid's compiled layers keep their graph break there (traced, never measured)."""
+    the flat layout applies (dense models, or hybrid ones with varlen kernels) and it can run (bf16/fp16): for dense
+    models cuDNN's on Hopper where NVIDIA's cudnn-frontend is installed (measured faster there: BENCHMARKS.md, train
+    step), traced into the compiled layers (`varlen_attention.make_attention`); else flash attention's. A hybrid
+    model keeps flash's with its compiled layers broken around it, the path its GPU figures were measured on
+    (cuDNN's or a traced attention there: never measured)."""
     name = cfg.attn_implementation
     if name is None:
         if device != "cuda":
             return None
         flat = not is_hybrid(model) or hybrid_varlen(cfg, device)
         half = model.dtype in (torch.float16, torch.bfloat16)
-        if flat and half and cudnn_varlen_available() and torch.cuda.get_device_capability() == (9, 0):
+        if (flat and half and not is_hybrid(model) and cudnn_varlen_available()
+                and torch.cuda.get_device_capability() == (9, 0)):
             name = CUDNN_IMPLEMENTATION
         elif flat and half and varlen_attention_available():
             name = ATTN_IMPLEMENTATION

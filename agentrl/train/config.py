@@ -22,9 +22,9 @@ class ModelConfig:
     name: str = "smollm2-135m-instruct"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on GPU, float32 on CPU
     # None: sdpa on CPU; on GPU a varlen kernel over one flat row of the real tokens (agentrl.train.varlen_attention)
-    # for bf16/fp16 models, dense or hybrid with hybrid_varlen: agentrl_varlen_cudnn (cuDNN's, on Hopper with
-    # nvidia-cudnn-frontend installed) or agentrl_varlen (flash attention's); else flex_attention for dense models
-    # and sdpa for hybrid ones (transformers refuses flex_attention for them).
+    # for bf16/fp16 models, dense or hybrid with hybrid_varlen: agentrl_varlen_cudnn (cuDNN's, for dense models on
+    # Hopper with nvidia-cudnn-frontend installed) or agentrl_varlen (flash attention's); else flex_attention for
+    # dense models and sdpa for hybrid ones (transformers refuses flex_attention for them).
     attn_implementation: str | None = None
     gradient_checkpointing: bool = False
     # torch.compile each of the trainer's decoder layers (BENCHMARKS.md: the train-step table); the engine's view

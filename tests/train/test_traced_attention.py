@@ -187,8 +187,9 @@ def test_cudnn_ops_trace_forward_and_backward_on_fake_tensors():
 
 
 def test_default_attention_is_cudnn_on_hopper_with_the_package_else_flash(monkeypatch):
-    """The choice `agentrl train` makes on a GPU, its devices and packages stood in: cuDNN's kernel on Hopper with
-    cudnn-frontend installed, flash's elsewhere; traced into the layers for dense models only."""
+    """The choice `agentrl train` makes on a GPU, its devices and packages stood in: for a dense model cuDNN's
+    kernel on Hopper with cudnn-frontend installed, flash's elsewhere, traced into the layers; for a hybrid one
+    flash's, untraced (the path its GPU figures were measured on)."""
     import transformers
 
     model, _ = load_model("tiny-qwen3", dtype=torch.bfloat16)
@@ -203,6 +204,8 @@ def test_default_attention_is_cudnn_on_hopper_with_the_package_else_flash(monkey
         registered = transformers.AttentionInterface._global_mapping[want]
         assert not getattr(registered, "_torchdynamo_disable", False)  # traced: a dense model
     hybrid, _ = load_model("tiny-qwen3.5", dtype=torch.bfloat16)
+    monkeypatch.setattr(build, "cudnn_varlen_available", lambda: True)
+    capability[0] = (9, 0)
     chosen = attention_implementation(ModelConfig(hybrid_varlen=True), hybrid, "cuda")
     assert chosen == va.ATTN_IMPLEMENTATION
     assert transformers.AttentionInterface._global_mapping[chosen]._torchdynamo_disable  # a hybrid's: untraced
