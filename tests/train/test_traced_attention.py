@@ -86,7 +86,9 @@ class Copies(TorchDispatchMode):
 
 @pytest.fixture
 def fresh_dynamo():
+    """Dynamo's caches and its process-wide counters (graph breaks) as a fresh process has them."""
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     yield
     torch._dynamo.reset()
 
