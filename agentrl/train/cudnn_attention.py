@@ -12,8 +12,8 @@ so the attention traces into dynamic compiled layers without recompiles or a gra
 copies q, k and v's gradients into the compiled backward's planned layout: BENCHMARKS.md). The backward hands the
 package's backward the forward's log-sum-exp in the padded layout it takes (its own conversion, on the device).
 
-The package builds one cuDNN graph per (sequences, longest sequence, total tokens) it meets, a fraction of a second
-each; the trainer's buckets (`flat_graphs.Buckets`) keep those few. Importing this module needs only torch: the
+The package builds one cuDNN graph per (sequences, longest sequence, total tokens) it meets (its build time is not
+measured apart); the trainer's buckets (`flat_graphs.Buckets`) keep those few. Importing this module needs only torch: the
 package is imported on the first call.
 """
 
