@@ -383,13 +383,13 @@ PY
     # #16: the Qwen3-0.6B default over ten steps, each printed (every other step ~37 ms slower?), with its kernels
     qwen-steps) TAIL=60 run "$1" 300 python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
         --variants default --steps 10 --profile ;;
-    # #16: cuDNN's fused attention through NVIDIA's cudnn-frontend op (its wheel carried in .gpu-bundle/wheels)
-    # against flash's varlen kernel: both shapes' kernels alone (times, errors, the bucket and prefix-shared
-    # layouts, graph capture), then the Qwen3-0.6B default step with each, profiled, and where its device idles
+    # #16: the varlen kernels alone (flash, cuDNN through cudnn-frontend, torch's ragged cuDNN op), both shapes:
+    # times, errors, the bucket and prefix-shared layouts, graph capture (the frontend's wheel in .gpu-bundle/wheels)
     cudnn-probe) TAIL=40 run "$1" 200 sh -c "python3 benchmarks/varlen_kernels.py && python3 \
         benchmarks/varlen_kernels.py --model-shape smollm2" ;;
-    qwen-cudnn) TAIL=70 run "$1" 420 sh -c "python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
-        --steps 8 --profile --trace $OUT/trace --variants default,default+model.attn_implementation=agentrl_varlen_cudnn \
+    # #16: the Qwen3-0.6B default step profiled, and where its device idles (trace_gaps over its trace)
+    qwen-trace) TAIL=70 run "$1" 300 sh -c "python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf \
+        --steps 8 --profile --trace $OUT/trace --variants default \
         && for t in $OUT/trace/*; do python3 benchmarks/trace_gaps.py \$t --top 8; done; rm -rf $OUT/trace" ;;
     # #16: the new default (cuDNN's attention traced into the compiled layers, on Hopper) against flash's, traced
     # too, and two rows a micro-batch within the memory goal; both shapes; then the GPU tests of the kernels, the
