@@ -282,7 +282,7 @@ class ChunkedLMHead(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, chunk_size: int, compiled: bool):
         n = hidden.shape[0]
-        stats, _ = _steps(compiled)
+        stats, _ = _steps(compiled, hidden.device)
         logprobs = hidden.new_empty(n, dtype=torch.float32)
         entropy = hidden.new_empty(n, dtype=torch.float32)
         lse = hidden.new_empty(n, dtype=torch.float32)
@@ -320,6 +320,57 @@ class ChunkedLMHead(torch.autograd.Function):
         if need_weight:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
+
+
+class ChunkedHeadLoss(torch.autograd.Function):
+    """`(hidden, weight, targets, ..., token_loss) -> (loss, logprobs, entropy)`: the chunked lm_head with the loss's
+    gradient taken in the forward, while each chunk's logits exist.
+
+    `token_loss(logprobs, start, end)` gives the terms of rows `start:end` from their logprobs, each a function of its
+    own row only (`loss.TokenLoss`); the loss is their sum. Per chunk the forward computes the logits, their
+    statistics, the terms' gradient with respect to the logprobs (autograd over the `[chunk]` terms), then the
+    logits' gradient and from it the hidden states' and the weight's. The backward only scales those by the
+    incoming gradient: the logits are computed once a step instead of twice (`ChunkedLMHead` recomputes them).
+    Logprobs and entropy come out detached; the entropy carries no gradient on this path.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk_size: int, compiled: bool, token_loss):
+        n = hidden.shape[0]
+        stats, grad_step = _steps(compiled, hidden.device)
+        inv_temp = 1.0 / temperature
+        logprobs = hidden.new_empty(n, dtype=torch.float32)
+        entropy = hidden.new_empty(n, dtype=torch.float32)
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        for s, e in chunk_bounds(n, chunk_size):
+            logits = _logits(hidden[s:e], weight)
+            lp, ent, lse = stats(logits, targets[s:e], inv_temp)
+            logprobs[s:e], entropy[s:e] = lp, ent
+            with torch.enable_grad():
+                x = lp.detach().requires_grad_()
+                terms = token_loss(x, s, e).sum()
+                (g_lp,) = torch.autograd.grad(terms, x)
+            loss += terms.detach()
+            if need_hidden or need_weight:
+                gz = grad_step(logits, targets[s:e], lse, ent, g_lp, None, inv_temp, weight.dtype)
+                if need_hidden:
+                    grad_hidden[s:e] = gz @ weight
+                if need_weight:
+                    _accumulate(grad_weight, gz.t(), hidden[s:e])
+        ctx.save_for_backward(grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype))
+        ctx.mark_non_differentiable(logprobs, entropy)
+        return loss, logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_logprobs, _grad_entropy):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        scale = grad_loss.to(torch.float32)
+        return (None if grad_hidden is None else grad_hidden * scale.to(grad_hidden.dtype),
+                None if grad_weight is None else grad_weight * scale.to(grad_weight.dtype),
+                None, None, None, None, None)
 
 
 def chunk_bounds(n: int, size: int) -> list[tuple[int, int]]:
@@ -380,12 +431,18 @@ def compile_chunk_steps(**options) -> tuple[Callable, Callable]:
     return dynamic_rows(_chunk_stats), dynamic_rows(_chunk_grad)
 
 
-def _steps(compiled: bool):
+def _steps(compiled: bool, device: torch.device | None = None):
+    """The chunk steps: eager, or compiled; on CUDA the statistics from one read of the logits (`head_kernels`)."""
     if not compiled:
         return _chunk_stats, _chunk_grad
     if not _COMPILED:
         _COMPILED["steps"] = compile_chunk_steps()
-    return _COMPILED["steps"]
+    stats, grad = _COMPILED["steps"]
+    if device is not None and device.type == "cuda":
+        from agentrl.train.head_kernels import online_stats_triton
+
+        stats = online_stats_triton
+    return stats, grad
 
 
 _FP32_OUT = {}  # device type -> whether torch.mm / addmm take out_dtype there (CUDA in recent torch)
@@ -421,12 +478,14 @@ def _accumulate(buffer: torch.Tensor, a: torch.Tensor, b: torch.Tensor):
 
 
 def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                     temperature: float = 1.0, chunk_size: int = 1024,
-                     compile: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     temperature: float = 1.0, chunk_size: int = 1024, compile: bool | None = None,
+                     token_loss: Callable | None = None) -> tuple[torch.Tensor, ...]:
     """Per-row logprob of `targets` and entropy under `softmax(hidden @ weight.T / temperature)`, in fp32.
 
     `compile` (default: on CUDA) fuses the per-chunk softmax work with torch.compile; the CPU path runs the same
-    functions eagerly.
+    functions eagerly. With `token_loss` (`loss.TokenLoss`, or any `(logprobs, start, end) -> terms` whose terms
+    each depend on their own row), returns `(logprobs, entropy, loss)` instead: the loss (the terms' sum) carries
+    the gradient, taken chunk by chunk in the forward (`ChunkedHeadLoss`), and the two others are detached.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"expected hidden [N, H] and weight [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}")
@@ -439,7 +498,15 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     compiled = hidden.is_cuda if compile is None else compile
-    return ChunkedLMHead.apply(hidden, weight, targets.long(), float(temperature), int(chunk_size), compiled)
+    if token_loss is None:
+        return ChunkedLMHead.apply(hidden, weight, targets.long(), float(temperature), int(chunk_size), compiled)
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
+        logprobs, entropy = ChunkedLMHead.apply(hidden, weight, targets.long(), float(temperature),
+                                                int(chunk_size), compiled)
+        return logprobs, entropy, token_loss(logprobs, 0, hidden.shape[0]).sum()
+    loss, logprobs, entropy = ChunkedHeadLoss.apply(hidden, weight, targets.long(), float(temperature),
+                                                    int(chunk_size), compiled, token_loss)
+    return logprobs, entropy, loss
 
 
 def lm_head_weight(model) -> torch.Tensor:
@@ -468,8 +535,10 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 def packed_token_logprobs(model, batch: PackedBatch, *, temperature: float = 1.0, chunk_size: int = 1024,
                           hybrid_varlen: bool = False, compile: bool | None = None,
-                          pad_multiple: int = 1, graphs: FlatGraphs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob and entropy `[M]` of every trained target of `batch`, in `batch.trainable_tokens()` order.
+                          pad_multiple: int = 1, graphs: FlatGraphs | None = None,
+                          token_loss: Callable | None = None) -> tuple[torch.Tensor, ...]:
+    """Logprob and entropy `[M]` of every trained target of `batch`, in `batch.trainable_tokens()` order; with
+    `token_loss` (over those `M` tokens), the loss as well (`chunked_logprobs`).
 
     `pad_multiple` rounds the length of the flat layout, and `graphs` replays its forward and backward from CUDA
     graphs, padding it to their buckets (both used under a varlen attention implementation only)."""
@@ -487,4 +556,4 @@ def packed_token_logprobs(model, batch: PackedBatch, *, temperature: float = 1.0
         mask = batch.loss_mask.to(hidden.device)
         hidden, targets = hidden[mask], batch.target_ids.to(hidden.device)[mask]
     return chunked_logprobs(hidden, lm_head_weight(model), targets, temperature=temperature, chunk_size=chunk_size,
-                            compile=compile)
+                            compile=compile, token_loss=token_loss)

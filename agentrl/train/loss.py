@@ -84,6 +84,50 @@ def carries_gradient(sample) -> bool:
     return sample.advantage != 0.0
 
 
+class TokenLoss:
+    """Each trained token's term of the policy loss: `policy_loss` is the sum of `self(logprobs)`.
+
+    Every term is a function of its own token's logprob (the weights and the denominator are fixed before the
+    forward), so the chunked lm_head can take the loss's gradient chunk by chunk while the chunk's logits are still
+    there (`logprobs.chunked_logprobs(token_loss=...)`) instead of computing them again in the backward.
+    """
+
+    def __init__(self, tokens: TrainableTokens, cfg: LossConfig, *, current_version: int,
+                 denominator: torch.Tensor | float | None = None, device: torch.device | None = None):
+        tokens = tokens.to(device if device is not None else tokens.behaviour_logprobs.device)
+        weights, own_denominator = _token_weights(tokens, cfg, current_version)
+        device = weights.device
+        if denominator is None:
+            d = own_denominator
+        elif isinstance(denominator, torch.Tensor):
+            d = denominator.to(device=device, dtype=torch.float32)
+        else:  # a host number: a fill kernel takes it as an argument, where as_tensor would copy it and wait
+            d = torch.full((), float(denominator), dtype=torch.float32, device=device)
+        self.tokens, self.cfg = tokens, cfg
+        self.scale = weights / d.clamp(min=1)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __call__(self, logprobs: torch.Tensor, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """The terms `[end - start]` of tokens `start:end`, from their logprobs (differentiable in them)."""
+        end = len(self.tokens) if end is None else end
+        cfg = self.cfg
+        behaviour, adv = self.tokens.behaviour_logprobs[start:end], self.tokens.advantages[start:end]
+        ratio = torch.exp((logprobs.float() - behaviour).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+        clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
+        surrogate = torch.minimum(ratio * adv, clipped * adv)
+        if cfg.tis_cap is not None:
+            w = ratio.detach()
+            surrogate = surrogate * (w.clamp(max=cfg.tis_cap) / w)
+        return -surrogate * self.scale[start:end]
+
+    def metrics(self, logprobs: torch.Tensor, entropy: torch.Tensor | None, current_version: int) -> PendingMetrics:
+        tokens = self.tokens
+        return _metrics(logprobs.detach().float() - tokens.behaviour_logprobs, tokens.advantages, tokens, self.cfg,
+                        current_version, entropy)
+
+
 def policy_loss(logprobs: torch.Tensor, tokens: TrainableTokens, cfg: LossConfig, *, current_version: int,
                 entropy: torch.Tensor | None = None, denominator: torch.Tensor | float | None = None,
                 defer_metrics: bool = False):
@@ -95,26 +139,9 @@ def policy_loss(logprobs: torch.Tensor, tokens: TrainableTokens, cfg: LossConfig
     """
     if logprobs.shape != tokens.behaviour_logprobs.shape:
         raise ValueError(f"logprobs {tuple(logprobs.shape)} do not match {len(tokens)} trained tokens")
-    device = logprobs.device
-    tokens = tokens.to(device)
-    behaviour, adv = tokens.behaviour_logprobs, tokens.advantages
-    log_ratio = logprobs.float() - behaviour
-    ratio = torch.exp(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
-    clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
-    surrogate = torch.minimum(ratio * adv, clipped * adv)
-    if cfg.tis_cap is not None:
-        w = ratio.detach()
-        surrogate = surrogate * (w.clamp(max=cfg.tis_cap) / w)
-
-    weights, own_denominator = _token_weights(tokens, cfg, current_version)
-    if denominator is None:
-        d = own_denominator
-    elif isinstance(denominator, torch.Tensor):
-        d = denominator.to(device=device, dtype=torch.float32)
-    else:  # a host number: a fill kernel takes it as an argument, where as_tensor would copy it and wait for the device
-        d = torch.full((), float(denominator), dtype=torch.float32, device=device)
-    loss = -(surrogate * weights).sum() / d.clamp(min=1)
-    pending = _metrics(log_ratio.detach(), adv, tokens, cfg, current_version, entropy)
+    terms = TokenLoss(tokens, cfg, current_version=current_version, denominator=denominator, device=logprobs.device)
+    loss = terms(logprobs).sum()
+    pending = terms.metrics(logprobs, entropy, current_version)
     return loss, (pending if defer_metrics else pending.resolve())
 
 

@@ -27,6 +27,7 @@ gradient through that gather, summed, exactly as unshared packing sums it over t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -181,16 +182,35 @@ def shared_head_hidden(model, batch: SharedBatch, pad_multiple: int = 1,
 
 
 def shared_token_logprobs(model, batch: SharedBatch, *, temperature: float = 1.0, chunk_size: int = 1024,
-                          compile: bool | None = None, pad_multiple: int = 1,
-                          graphs: FlatGraphs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          compile: bool | None = None, pad_multiple: int = 1, graphs: FlatGraphs | None = None,
+                          token_loss: Callable | None = None) -> tuple[torch.Tensor, ...]:
     """Logprob and entropy `[M]` of every loss entry of `batch`, in `batch.trainable_tokens()` order: the lm_head
-    runs once per head row, and the entries gather from it."""
+    runs once per head row, and the entries gather from it. With `token_loss` (over the `M` entries), the loss as
+    well, its gradient taken in the lm_head's forward (`logprobs.chunked_logprobs`)."""
     hidden = shared_head_hidden(model, batch, pad_multiple, graphs)
     targets = batch.head_targets.to(hidden.device)
-    logprobs, entropy = chunked_logprobs(hidden, lm_head_weight(model), targets, temperature=temperature,
-                                         chunk_size=chunk_size, compile=compile)
     entries = batch.entry_head.to(hidden.device)
-    return logprobs[entries], entropy[entries]
+    rows_loss = None if token_loss is None else HeadRowsLoss(token_loss, entries)
+    out = chunked_logprobs(hidden, lm_head_weight(model), targets, temperature=temperature, chunk_size=chunk_size,
+                           compile=compile, token_loss=rows_loss)
+    logprobs, entropy = out[0][entries], out[1][entries]
+    return (logprobs, entropy) if token_loss is None else (logprobs, entropy, out[2])
+
+
+class HeadRowsLoss:
+    """A loss over the entries, as terms of the head rows: a row's term is the sum of its entries' (a trained token
+    of a shared history is one row for every member that trains on it, each with its own advantage). Each chunk
+    evaluates every entry and keeps those of its rows: no host copy of the mapping, no device sync."""
+
+    def __init__(self, token_loss: Callable, entry_head: torch.Tensor):
+        self.token_loss, self.entry_head = token_loss, entry_head
+
+    def __call__(self, logprobs: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        local = self.entry_head - start
+        inside = (local >= 0) & (local < end - start)
+        local = local.clamp(0, end - start - 1)
+        terms = torch.where(inside, self.token_loss(logprobs[local], 0, len(local)), 0.0)
+        return logprobs.new_zeros(end - start, dtype=torch.float32).index_add(0, local, terms)
 
 
 def prefix_sharing_error(model, *, seed: int = 0) -> float:

@@ -18,7 +18,7 @@ from agentrl.sample import TrainingSample
 from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig
 from agentrl.train.flat_graphs import FlatGraphs
 from agentrl.train.logprobs import _decoder, is_hybrid, packed_token_logprobs
-from agentrl.train.loss import carries_gradient, policy_loss, samples_loss_denominator
+from agentrl.train.loss import TokenLoss, carries_gradient, samples_loss_denominator
 from agentrl.train.micro_batch import default_rows_per_micro_batch
 from agentrl.train.optim import Stepper, build_optimizer, build_scheduler
 from agentrl.train.pack import pack_samples
@@ -117,19 +117,18 @@ class Trainer:
         n_rows = batch.input_ids.shape[0]
         for first in range(0, n_rows, self.rows_per_micro_batch):
             host_micro = batch.select_rows(first, min(first + self.rows_per_micro_batch, n_rows))
-            micro, micro_tokens = host_micro.to(self.device), host_micro.trainable_tokens().to(self.device)
+            micro = host_micro.to(self.device)
+            # The loss's gradient is taken inside the lm_head's forward, chunk by chunk (`chunked_logprobs`).
+            terms = TokenLoss(host_micro.trainable_tokens(), self.loss_config, current_version=policy_version,
+                              denominator=denominator, device=self.device)
             # Under the temperature the generator sampled with: the behaviour logprobs are of logits / T, and the
             # importance ratio must compare like with like.
-            if isinstance(micro, SharedBatch):
-                logprobs, entropy = shared_token_logprobs(self.model, micro, chunk_size=cfg.logprob_chunk_size,
-                                                          pad_multiple=self.pad_multiple, temperature=self.temperature,
-                                                          graphs=self.graphs)
-            else:
-                logprobs, entropy = packed_token_logprobs(self.model, micro, chunk_size=cfg.logprob_chunk_size,
-                                                          hybrid_varlen=self.hybrid_varlen, graphs=self.graphs,
-                                                          pad_multiple=self.pad_multiple, temperature=self.temperature)
-            loss, metrics = policy_loss(logprobs, micro_tokens, self.loss_config, current_version=policy_version,
-                                        entropy=entropy, denominator=denominator, defer_metrics=True)
+            forward = shared_token_logprobs if isinstance(micro, SharedBatch) else packed_token_logprobs
+            extra = {} if isinstance(micro, SharedBatch) else {"hybrid_varlen": self.hybrid_varlen}
+            logprobs, entropy, loss = forward(self.model, micro, chunk_size=cfg.logprob_chunk_size,
+                                              pad_multiple=self.pad_multiple, temperature=self.temperature,
+                                              graphs=self.graphs, token_loss=terms, **extra)
+            metrics = terms.metrics(logprobs, entropy, policy_version)
             loss.backward()
             loss_sum = loss_sum + loss.detach()
             pending.append(metrics)
