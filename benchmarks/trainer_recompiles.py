@@ -50,9 +50,11 @@ def like_gpu_trainer(row_tokens: int):
     # size-range guards exist on the CPU only
     compile_decoder_layers(model, **TRAINER_COMPILE, backend="aot_eager")
     logprobs._COMPILED["steps"] = logprobs.compile_chunk_steps(backend="aot_eager")
-    apply = logprobs.ChunkedLMHead.apply  # compiled chunk steps, as on CUDA
-    logprobs.ChunkedLMHead.apply = lambda hidden, weight, targets, temp, chunk, _: apply(hidden, weight, targets,
-                                                                                         temp, chunk, True)
+    head, fused = logprobs.ChunkedLMHead.apply, logprobs.ChunkedHeadLoss.apply  # compiled chunk steps, as on CUDA
+    logprobs.ChunkedLMHead.apply = lambda hidden, weight, targets, temp, chunk, _: head(hidden, weight, targets,
+                                                                                        temp, chunk, True)
+    logprobs.ChunkedHeadLoss.apply = lambda hidden, weight, targets, temp, chunk, _, loss: fused(
+        hidden, weight, targets, temp, chunk, True, loss)
     config = TrainerConfig(row_tokens=row_tokens)
     trainer = Trainer(model, config, LossConfig(), OptimConfig(lr=1e-6), total_steps=100)
     trainer.pad_multiple = config.row_pad_multiple

@@ -67,7 +67,7 @@ def test_fused_head_on_cuda_equals_fp64():
                                   token_loss=TokenLoss(tokens, cfg, current_version=3, device=torch.device("cuda")))
     got.backward()
     torch.testing.assert_close(lp.cpu().double(), logprobs.detach(), rtol=0, atol=1e-4)
-    torch.testing.assert_close(got.cpu().double(), want.detach(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(got.cpu().double(), want.detach().double(), rtol=1e-4, atol=1e-6)
     # bf16 gradients (the logits' gradient rounded once to bf16 before each GEMM): within 1% in norm
     for have, ref in ((h.grad, h64.grad), (w.grad, w64.grad)):
         assert float((have.cpu().double() - ref).norm() / ref.norm()) < 1e-2
