@@ -23,7 +23,9 @@ A prefix-shared batch (`prefix_pack.SharedBatch`) runs through `prefix_forward` 
 
 Chunked lm_head. Full logits for 25k packed tokens at a 152k vocabulary are 15 GiB in fp32; only trainable
 positions need them, and only a chunk at a time. GEMMs run in the model dtype (tensor cores), softmax statistics
-and gradient accumulation in fp32; the backward recomputes each chunk's logits instead of storing them.
+and gradient accumulation in fp32. Given the loss (`token_loss`, the trainer's way), the head takes the loss's
+gradient in its forward while each chunk's logits exist (`ChunkedHeadLoss`); without it, the backward recomputes
+each chunk's logits instead of storing them (`ChunkedLMHead`).
 """
 
 from __future__ import annotations
