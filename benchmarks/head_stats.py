@@ -13,13 +13,14 @@ usage: python benchmarks/head_stats.py [--rows 1024] [--vocab 151936] [--reps 20
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.varlen_kernels import timed  # noqa: E402
 
 
 def online_stats(logits: torch.Tensor, targets: torch.Tensor, inv_temp: float):
@@ -32,18 +33,6 @@ def online_stats(logits: torch.Tensor, targets: torch.Tensor, inv_temp: float):
     return z.gather(1, targets[:, None]).squeeze(1) - lse, lse - t / s, lse
 
 
-def timed(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1024)
@@ -51,7 +40,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     from agentrl.train.head_kernels import online_stats_triton
-    from agentrl.train.logprobs import _chunk_grad, _chunk_stats, compile_chunk_steps
+    from agentrl.train.logprobs import _chunk_stats, compile_chunk_steps
 
     g = torch.Generator(device="cuda").manual_seed(0)
     logits = torch.randn(args.rows, args.vocab, device="cuda", generator=g) * 4
@@ -73,7 +62,6 @@ def main() -> None:
     g_lp = torch.randn(args.rows, device="cuda", generator=g)
     ms = timed(lambda: grad(logits, targets, lse, ent, g_lp, None, inv_temp, torch.bfloat16), args.reps)
     print(f"{'grad step':<18}{ms:8.3f}{nbytes * 1.5 / ms / 1e6:8.0f}  (reads fp32, writes bf16)")
-    del _chunk_grad
 
 
 if __name__ == "__main__":
