@@ -83,7 +83,7 @@ def _gradients(model, forward):
     model.zero_grad(set_to_none=True)
     lp, loss = forward()
     loss.backward()
-    return lp.detach(), float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return lp.detach(), float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["packed", "prefix-shared"])
