@@ -1,7 +1,7 @@
 """The chunked lm_head's softmax statistics over one chunk of fp32 logits (`[1024, vocab]`): the compiled
 `_chunk_stats` the trainer runs, against two ways of reading the logits once, each checked against fp64.
 
-Rows: `compiled` (`logprobs._chunk_stats` under torch.compile, as the trainer runs it), `compiled-online`
+Rows: `compiled` (`lm_head._chunk_stats` under torch.compile, as the trainer runs it), `compiled-online`
 (`online_stats`: max, then sums of exp(z - max) and exp(z - max) * z, the form inductor's online softmax fuses),
 `triton-online` (`online_stats_triton`: one pass per row, a running max and rescaled sums). Prints milliseconds
 (median of `--reps`), GB/s over one read of the logits, and the largest error of logprob, entropy and logsumexp
@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     from agentrl.train.head_kernels import online_stats_triton
-    from agentrl.train.logprobs import _chunk_stats, compile_chunk_steps
+    from agentrl.train.lm_head import _chunk_stats, compile_chunk_steps
 
     g = torch.Generator(device="cuda").manual_seed(0)
     logits = torch.randn(args.rows, args.vocab, device="cuda", generator=g) * 4

@@ -38,7 +38,7 @@ def like_gpu_trainer(row_tokens: int):
     from agentrl.engine.model_view import compile_decoder_layers
     from agentrl.models import load_model
     from agentrl.run.build import TRAINER_COMPILE
-    from agentrl.train import logprobs, varlen_attention as va
+    from agentrl.train import lm_head, logprobs, varlen_attention as va
     from agentrl.train.config import LossConfig, OptimConfig, TrainerConfig
     from agentrl.train.flat_graphs import FlatGraphs, stand_in_capture
     from agentrl.train.trainer import Trainer
@@ -49,11 +49,11 @@ def like_gpu_trainer(row_tokens: int):
     # aot_eager: dynamo's guards (what recompiles on every backend) without inductor's C++ codegen, whose own
     # size-range guards exist on the CPU only
     compile_decoder_layers(model, **TRAINER_COMPILE, backend="aot_eager")
-    logprobs._COMPILED["steps"] = logprobs.compile_chunk_steps(backend="aot_eager")
-    head, fused = logprobs.ChunkedLMHead.apply, logprobs.ChunkedHeadLoss.apply  # compiled chunk steps, as on CUDA
-    logprobs.ChunkedLMHead.apply = lambda hidden, weight, targets, temp, chunk, _: head(hidden, weight, targets,
-                                                                                        temp, chunk, True)
-    logprobs.ChunkedHeadLoss.apply = lambda hidden, weight, targets, temp, chunk, _, loss: fused(
+    lm_head._COMPILED["steps"] = lm_head.compile_chunk_steps(backend="aot_eager")
+    head, fused = lm_head.ChunkedLMHead.apply, lm_head.ChunkedHeadLoss.apply  # compiled chunk steps, as on CUDA
+    lm_head.ChunkedLMHead.apply = lambda hidden, weight, targets, temp, chunk, _: head(hidden, weight, targets,
+                                                                                       temp, chunk, True)
+    lm_head.ChunkedHeadLoss.apply = lambda hidden, weight, targets, temp, chunk, _, loss: fused(
         hidden, weight, targets, temp, chunk, True, loss)
     config = TrainerConfig(row_tokens=row_tokens)
     trainer = Trainer(model, config, LossConfig(), OptimConfig(lr=1e-6), total_steps=100)

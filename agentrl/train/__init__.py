@@ -10,7 +10,7 @@ from agentrl.lazy import lazy_exports
 _EXPORTS = {
     "Trainer": "trainer",
     "PackedBatch": "pack", "TrainableTokens": "pack", "pack_samples": "pack", "first_fit_decreasing": "pack",
-    "packed_hidden_states": "logprobs", "packed_token_logprobs": "logprobs", "chunked_logprobs": "logprobs",
+    "packed_hidden_states": "logprobs", "packed_token_logprobs": "logprobs", "chunked_logprobs": "lm_head",
     "packing_error": "logprobs", "is_hybrid": "logprobs",
     "policy_loss": "loss", "loss_denominator": "loss",
     "build_optimizer": "optim", "build_scheduler": "optim", "should_skip": "optim", "Stepper": "optim",

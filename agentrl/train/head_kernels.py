@@ -1,7 +1,7 @@
 """The chunked lm_head's softmax statistics in one read of the logits (CUDA; Triton).
 
 Per row of fp32 logits `z` (times the inverse temperature): the log-sum-exp, the entropy `lse - sum(p * z)` and
-the target's logprob. Compiled from PyTorch (`logprobs._chunk_stats`) the three come from several passes over the
+the target's logprob. Compiled from PyTorch (`lm_head._chunk_stats`) the three come from several passes over the
 `[chunk, vocab]` logits, the largest memory-bound kernel of a Qwen3-0.6B training step; here each program reads
 its row once, keeping per-lane running maxima and sums of `exp(z - max)` and `exp(z - max) * z` rescaled as the
 maximum moves, and combines the lanes at the end. Time against the compiled version: BENCHMARKS.md.
@@ -46,7 +46,7 @@ def _stats_kernel(logits, stride_row, targets, logprobs, entropy, lse_out, vocab
 
 def online_stats_triton(logits: torch.Tensor, targets: torch.Tensor, inv_temp: float):
     """`(logprob of targets, entropy, logsumexp)`, each `[N]` fp32, of `softmax(logits * inv_temp)` for `logits`
-    `[N, V]` (last dimension contiguous): `logprobs._chunk_stats` in one read."""
+    `[N, V]` (last dimension contiguous): `lm_head._chunk_stats` in one read."""
     n, vocab = logits.shape
     if logits.stride(-1) != 1:
         logits = logits.contiguous()

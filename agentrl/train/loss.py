@@ -89,7 +89,7 @@ class TokenLoss:
 
     Every term is a function of its own token's logprob (the weights and the denominator are fixed before the
     forward), so the chunked lm_head can take the loss's gradient chunk by chunk while the chunk's logits are still
-    there (`logprobs.chunked_logprobs(token_loss=...)`) instead of computing them again in the backward.
+    there (`lm_head.chunked_logprobs(token_loss=...)`) instead of computing them again in the backward.
     """
 
     def __init__(self, tokens: TrainableTokens, cfg: LossConfig, *, current_version: int,

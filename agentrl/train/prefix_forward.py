@@ -33,7 +33,8 @@ import torch
 
 from agentrl.train.flat_graphs import FlatGraphs, FlatInputs, Plan, RoundUp, boundaries, flat_forward
 from agentrl.train.linear_conv import packed_conv_boundaries, tree_supported
-from agentrl.train.logprobs import _check_attention, _decoder, chunked_logprobs, is_hybrid, lm_head_weight, padded_row
+from agentrl.train.lm_head import chunked_logprobs, lm_head_weight
+from agentrl.train.logprobs import _check_attention, _decoder, is_hybrid, padded_row
 from agentrl.train.prefix_pack import SharedBatch
 from agentrl.train.varlen_attention import takes_flat_layout
 
@@ -186,7 +187,7 @@ def shared_token_logprobs(model, batch: SharedBatch, *, temperature: float = 1.0
                           token_loss: Callable | None = None) -> tuple[torch.Tensor, ...]:
     """Logprob and entropy `[M]` of every loss entry of `batch`, in `batch.trainable_tokens()` order: the lm_head
     runs once per head row, and the entries gather from it. With `token_loss` (over the `M` entries), the loss as
-    well, its gradient taken in the lm_head's forward (`logprobs.chunked_logprobs`)."""
+    well, its gradient taken in the lm_head's forward (`lm_head.chunked_logprobs`)."""
     hidden = shared_head_hidden(model, batch, pad_multiple, graphs)
     targets = batch.head_targets.to(hidden.device)
     entries = batch.entry_head.to(hidden.device)

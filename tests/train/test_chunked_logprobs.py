@@ -4,11 +4,9 @@ import pytest
 import torch
 
 from agentrl.models import load_model
-from agentrl.train.logprobs import (
-    chunked_logprobs, packed_hidden_states, packed_token_logprobs, packing_error,
-)
+from agentrl.train.lm_head import chunked_logprobs
+from agentrl.train.logprobs import packed_hidden_states, packed_token_logprobs, packing_error
 from agentrl.train.pack import pack_samples
-from agentrl.sample import TrainingSample
 from tests.helpers import in_packed_order, per_sample_logprobs, train_samples
 
 
@@ -78,7 +76,7 @@ def test_the_compiled_chunk_steps_compile_once_whatever_the_chunk_sizes(monkeypa
     than a chunk has only that one: only the first call may compile (its row dimension dynamic from the start), a
     one-row chunk included (it joins the one before: dynamo specializes size 1 even in a dynamic graph, one more
     compile, mid-run). Values and gradients still match full logits."""
-    from agentrl.train import logprobs
+    from agentrl.train import lm_head as logprobs
 
     assert logprobs.chunk_bounds(17, 8) == [(0, 8), (8, 17)] and logprobs.chunk_bounds(16, 8) == [(0, 8), (8, 16)]
     assert logprobs.chunk_bounds(1, 8) == [(0, 1)] and logprobs.chunk_bounds(0, 8) == []

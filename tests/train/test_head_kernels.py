@@ -8,7 +8,7 @@ import pytest
 import torch
 from tests.children import INTERPRETING, interpreter_child, patch_triton_interpreter, run_in_interpreter
 
-from agentrl.train.logprobs import _chunk_stats
+from agentrl.train.lm_head import _chunk_stats
 
 pytest.importorskip("triton")
 
@@ -45,7 +45,7 @@ def test_fused_head_on_cuda_equals_fp64():
     """The trainer's head on CUDA (the one-pass statistics, the compiled gradient step, bf16 GEMMs writing fp32)
     against the loss backpropagated through fp64 logits on the CPU."""
     from agentrl.train.config import LossConfig
-    from agentrl.train.logprobs import chunked_logprobs
+    from agentrl.train.lm_head import chunked_logprobs
     from agentrl.train.loss import TokenLoss, policy_loss
     from tests.train.test_head_loss import _tokens
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from agentrl.train.config import LossConfig
-from agentrl.train.logprobs import chunked_logprobs, packed_token_logprobs
+from agentrl.train.lm_head import chunked_logprobs
+from agentrl.train.logprobs import packed_token_logprobs
 from agentrl.train.loss import TokenLoss, loss_denominator, policy_loss
 from agentrl.train.pack import TrainableTokens, pack_samples
 from agentrl.train.prefix_forward import shared_token_logprobs
