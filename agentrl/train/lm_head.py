@@ -45,25 +45,15 @@ class ChunkedLMHead(torch.autograd.Function):
         none = (None,) * 6
         if (grad_logprobs is None and grad_entropy is None) or not (need_hidden or need_weight):
             return none
-        _, grad_step = _steps(ctx.compiled)
+        _, grad_step = _steps(ctx.compiled, hidden.device)
         chunk, inv_temp = ctx.chunk_size, 1.0 / ctx.temperature
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        sums = _InputGradients(hidden, weight, need_hidden, need_weight)
         for s, e in chunk_bounds(hidden.shape[0], chunk):
             g_lp = grad_logprobs[s:e] if grad_logprobs is not None else None
             g_ent = grad_entropy[s:e] if grad_entropy is not None else None
-            gz = grad_step(_logits(hidden[s:e], weight), targets[s:e], lse[s:e], entropy[s:e], g_lp, g_ent, inv_temp,
-                           weight.dtype)
-            # The GEMMs run in the model dtype; .float() copies here would fall onto fp32 SIMT kernels, several
-            # times slower than the tensor cores. fp32 survives where it matters: in
-            # the softmax and in the buffer the weight gradient is summed into across chunks.
-            if need_hidden:
-                grad_hidden[s:e] = gz @ weight
-            if need_weight:
-                _accumulate(grad_weight, gz.t(), hidden[s:e])
-        if need_weight:
-            grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+            sums.add(s, e, grad_step(_logits(hidden[s:e], weight), targets[s:e], lse[s:e], entropy[s:e], g_lp, g_ent,
+                                     inv_temp, weight.dtype))
+        return (*sums.result(), None, None, None, None)
 
 
 class ChunkedHeadLoss(torch.autograd.Function):
@@ -87,8 +77,7 @@ class ChunkedHeadLoss(torch.autograd.Function):
         entropy = hidden.new_empty(n, dtype=torch.float32)
         loss = hidden.new_zeros((), dtype=torch.float32)
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        sums = _InputGradients(hidden, weight, need_hidden, need_weight)
         for s, e in chunk_bounds(n, chunk_size):
             logits = _logits(hidden[s:e], weight)
             lp, ent, lse = stats(logits, targets[s:e], inv_temp)
@@ -99,22 +88,40 @@ class ChunkedHeadLoss(torch.autograd.Function):
                 (g_lp,) = torch.autograd.grad(terms, x)
             loss += terms.detach()
             if need_hidden or need_weight:
-                gz = grad_step(logits, targets[s:e], lse, ent, g_lp, None, inv_temp, weight.dtype)
-                if need_hidden:
-                    grad_hidden[s:e] = gz @ weight
-                if need_weight:
-                    _accumulate(grad_weight, gz.t(), hidden[s:e])
-        ctx.save_for_backward(grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype))
+                sums.add(s, e, grad_step(logits, targets[s:e], lse, ent, g_lp, None, inv_temp, weight.dtype))
+        ctx.save_for_backward(*sums.result())
         ctx.mark_non_differentiable(logprobs, entropy)
         return loss, logprobs, entropy
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_logprobs, _grad_entropy):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        scale = grad_loss.to(torch.float32)
-        return (None if grad_hidden is None else grad_hidden * scale.to(grad_hidden.dtype),
-                None if grad_weight is None else grad_weight * scale.to(grad_weight.dtype),
+        return (*(None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors),
                 None, None, None, None, None)
+
+
+class _InputGradients:
+    """The hidden states' and the weight's gradients, summed chunk by chunk from the logits' gradient `gz`.
+
+    The GEMMs run in the model dtype; .float() copies would fall onto fp32 SIMT kernels, several times slower than
+    the tensor cores. fp32 survives where it matters: in the softmax and in the buffer the weight gradient is summed
+    into across chunks."""
+
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, need_hidden: bool, need_weight: bool):
+        self.hidden, self.weight = hidden, weight
+        self.grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        self.grad_weight = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight
+                            else None)
+
+    def add(self, start: int, end: int, gz: torch.Tensor) -> None:
+        if self.grad_hidden is not None:
+            self.grad_hidden[start:end] = gz @ self.weight
+        if self.grad_weight is not None:
+            _accumulate(self.grad_weight, gz.t(), self.hidden[start:end])
+
+    def result(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """`(grad_hidden, grad_weight)`, the weight's in its own dtype; None where not asked for."""
+        weight = None if self.grad_weight is None else self.grad_weight.to(self.weight.dtype)
+        return self.grad_hidden, weight
 
 
 def chunk_bounds(n: int, size: int) -> list[tuple[int, int]]:

@@ -106,9 +106,6 @@ class TokenLoss:
         self.tokens, self.cfg = tokens, cfg
         self.scale = weights / d.clamp(min=1)
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
     def __call__(self, logprobs: torch.Tensor, start: int = 0, end: int | None = None) -> torch.Tensor:
         """The terms `[end - start]` of tokens `start:end`, from their logprobs (differentiable in them)."""
         end = len(self.tokens) if end is None else end

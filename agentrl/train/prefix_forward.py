@@ -210,7 +210,7 @@ class HeadRowsLoss:
         local = self.entry_head - start
         inside = (local >= 0) & (local < end - start)
         local = local.clamp(0, end - start - 1)
-        terms = torch.where(inside, self.token_loss(logprobs[local], 0, len(local)), 0.0)
+        terms = torch.where(inside, self.token_loss(logprobs[local]), 0.0)
         return logprobs.new_zeros(end - start, dtype=torch.float32).index_add(0, local, terms)
 
 
