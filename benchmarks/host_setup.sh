@@ -9,6 +9,15 @@ if [ ! -f "$SITE/.installed" ]; then
   python3 -m pip install -q --no-index --no-deps --target "$SITE" .gpu-bundle/wheels/*.whl && touch "$SITE/.installed"
 fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# FlashAttention-4 (optional; `model.attn_implementation=agentrl_varlen_fa4`, the `fa4` kernel rows): its wheels and
+# the CuTe DSL's under .gpu-bundle/fa4, the DSL's CUDA 13 library (92 MB) in ship_model.py parts under
+# .gpu-bundle/fa4-parts, carried in two transfers (with its manifest.json in the first).
+if [ -d .gpu-bundle/fa4 ] && [ ! -f "$SITE/.fa4" ] && [ -f .gpu-bundle/fa4-parts/manifest.json ] \
+    && python3 benchmarks/ship_model.py check .gpu-bundle/fa4-parts >/dev/null 2>&1; then
+  mkdir -p /tmp/fa4-whl && python3 benchmarks/ship_model.py join .gpu-bundle/fa4-parts /tmp/fa4-whl >/dev/null \
+    && python3 -m pip install -q --no-index --no-deps --target "$SITE" .gpu-bundle/fa4/*.whl /tmp/fa4-whl/*.whl \
+    && touch "$SITE/.fa4"
+fi
 # Compiled kernels and autotuning results in one place, so `benchmarks/kernel_cache.py` can carry them to the next
 # machine; a saved cache carried under .gpu-bundle/kernel-cache is unpacked before anything compiles.
 export AGENTRL_KERNEL_CACHE=${AGENTRL_KERNEL_CACHE:-/tmp/kernel-cache}
@@ -29,4 +38,5 @@ if [ ! -s "$gguf" ] && [ -s .gpu-bundle/model-a/smollm2.gguf.part-a ] && [ -s .g
     echo "host_setup: the joined SmolLM2 GGUF does not match its checksum" >&2; rm -f "$gguf.tmp"
   fi
 fi
-[ -s "$gguf" ] && echo "host_setup: wheels in $SITE, embedded model at $gguf" || echo "host_setup: wheels in $SITE, no embedded model yet"
+fa4=$([ -f "$SITE/.fa4" ] && echo ", FlashAttention-4" || echo "")
+[ -s "$gguf" ] && echo "host_setup: wheels in $SITE$fa4, embedded model at $gguf" || echo "host_setup: wheels in $SITE$fa4, no embedded model yet"

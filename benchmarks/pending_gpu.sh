@@ -405,6 +405,12 @@ rows_per_micro_batch=2+model.activation_memory_budget=0.6 && python3 benchmarks/
         -p no:cacheprovider -p no:warnings ;;
     # #16: the lm_head's softmax statistics (compiled against one-pass Triton) and every cuDNN plan for the trainer's
     # attention (2026-12-03 20:22 UTC: Triton 0.232 ms a chunk against 0.461; the backward has one plan)
+    # #16: FlashAttention-4's varlen kernels against cuDNN's and flash's on the trainer's rows (time eager and from a
+    # CUDA graph, error against fp32, edge layouts, capture), both shapes; then the Qwen3-0.6B step with each
+    fa4-kernels) TAIL=40 run "$1" 400 sh -c "python3 benchmarks/varlen_kernels.py --model-shape qwen3-0.6b \
+        && python3 benchmarks/varlen_kernels.py --model-shape smollm2" ;;
+    fa4-train) TAIL=12 run "$1" 400 python3 benchmarks/train_step.py --model-shape qwen3-0.6b --skip-hf --steps 10 \
+        --variants default,default+model.attn_implementation=agentrl_varlen_fa4,default ;;
     head-kernels) TAIL=20 run "$1" 200 sh -c "python3 benchmarks/head_stats.py && python3 benchmarks/cudnn_plans.py" ;;
     *) echo "unknown item $1" >&2; return 2 ;;
   esac

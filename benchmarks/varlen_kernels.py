@@ -1,6 +1,7 @@
 """The training forward's varlen attention kernels on the packed rows the train-step benchmark trains (samples of
 200-2,000 tokens in rows of 8,192): flash attention's (`agentrl.train.varlen_attention`), cuDNN's through NVIDIA's
-cudnn-frontend ops (`agentrl.train.cudnn_attention`, "cudnn-fe", the default on Hopper), and cuDNN's through
+cudnn-frontend ops (`agentrl.train.cudnn_attention`, "cudnn-fe"), FlashAttention-4's
+the `flash-attn-4` package), and cuDNN's through
 PyTorch's own ragged aten op ("cudnn"), kept as a row for a later torch: on one H200 (torch 2.11, cuDNN 9.19) that
 path failed the per-segment reference test, gave non-finite gradients in the train step and broke graph capture
 (BENCHMARKS.md, 2026-12-02); PyTorch's nested-tensor attention, the op's one caller with sequence offsets, refuses
@@ -131,6 +132,21 @@ def graph_replays_equal(kernel, q, k, v, cu, max_len) -> bool:
     return all(torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2) for a, b in zip(outs, want))
 
 
+def graphed_ms(kernel, batches, grads, reps: int) -> float:
+    """Forward and backward over every row replayed from one CUDA graph, as the trainer runs them: the kernels'
+    own time, without the host's launch work."""
+    static = [[t.clone() for t in b[:3]] + list(b[3:]) for b in batches]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        [run(kernel, *b, grad=g) for b, g in zip(static, grads)]
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        [run(kernel, *b, grad=g) for b, g in zip(static, grads)]
+    return timed(graph.replay, reps)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-shape", default="qwen3-0.6b", choices=sorted(SHAPES))
@@ -138,6 +154,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=10)
     args = p.parse_args()
     from agentrl.train.cudnn_attention import cudnn_kernel as frontend_kernel
+    from agentrl.train.fa4_attention import fa4_kernel
     from agentrl.train.varlen_attention import flash_kernel, reference_kernel
 
     hq, hkv, d = SHAPES[args.model_shape]
@@ -153,8 +170,8 @@ def main() -> None:
     first = batches[0]
     exact = run(reference_kernel, *(t.float() for t in first[:3]), first[3], first[4], grad=grads[0].float())
     print(f"{'kernel':<8} {'fwd ms':>8} {'TFLOP/s':>8} {'fwd+bwd ms':>11} {'TFLOP/s':>8} {'max |diff| vs flash':>20} "
-          f"{'max |err| vs fp32':>18}")
-    kernels = (("flash", flash_kernel), ("cudnn-fe", frontend_kernel), ("cudnn", cudnn_kernel))
+          f"{'max |err| vs fp32':>18} {'graphed fwd+bwd ms':>19}")
+    kernels = (("flash", flash_kernel), ("cudnn-fe", frontend_kernel), ("fa4", fa4_kernel), ("cudnn", cudnn_kernel))
     for name, kernel in kernels:
         try:
             got = [run(kernel, *b, grad=g) for b, g in zip(batches, grads)]
@@ -163,12 +180,13 @@ def main() -> None:
             with torch.no_grad():
                 fwd = timed(lambda: [run(kernel, *b) for b in batches], args.reps)
             both = timed(lambda: [run(kernel, *b, grad=g) for b, g in zip(batches, grads)], args.reps)
+            graphed = graphed_ms(kernel, batches, grads, args.reps) if name != "cudnn" else float("nan")
         except Exception as exc:  # a kernel this build or device cannot run: say so, keep the other row
             print(f"{name:<8} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             continue
         print(f"{name:<8} {fwd:>8.2f} {fwd_flops / fwd / 1e9:>8.0f} {both:>11.2f} {3.5 * fwd_flops / both / 1e9:>8.0f} "
-              f"{diff:>20.2e} {err:>18.2e}")
-    for name, kernel in kernels[:2]:
+              f"{diff:>20.2e} {err:>18.2e} {graphed:>19.2f}")
+    for name, kernel in kernels[:3]:
         try:
             bucket, shared = edge_case_errors(kernel, hq, hkv, d)
             print(f"{name}: max |err| vs fp32 with empty segments and a tail {bucket:.2e}, prefix-shared {shared:.2e}")

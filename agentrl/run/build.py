@@ -38,12 +38,13 @@ from agentrl.train.checkpoint import latest_checkpoint, load_checkpoint
 from agentrl.train.config import ModelConfig
 from agentrl.train import delta_rule_backward
 from agentrl.train.cudnn_attention import cudnn_kernel, cudnn_varlen_available
+from agentrl.train.fa4_attention import fa4_kernel, fa4_varlen_available
 from agentrl.train.linear_conv import install_wrappers, use_reference_delta_rule, uses_reference_delta_rule
 from agentrl.train.logprobs import is_hybrid, packed_backward_failure, packing_error, varlen_kernels_installed
 from agentrl.train.optim import retarget_schedule
 from agentrl.train.trainer import Trainer
-from agentrl.train.varlen_attention import (ATTN_IMPLEMENTATION, CUDNN_IMPLEMENTATION, register, takes_flat_layout,
-                                            varlen_attention_available)
+from agentrl.train.varlen_attention import (ATTN_IMPLEMENTATION, CUDNN_IMPLEMENTATION, FA4_IMPLEMENTATION, register,
+                                            takes_flat_layout, varlen_attention_available)
 
 
 @dataclass
@@ -253,6 +254,11 @@ def attention_implementation(cfg: ModelConfig, model, device: str) -> str | None
             raise RuntimeError(f"model.attn_implementation={CUDNN_IMPLEMENTATION} needs CUDA (sm80 or newer) and "
                                "NVIDIA's cudnn-frontend: pip install nvidia-cudnn-frontend")
         register(CUDNN_IMPLEMENTATION, cudnn_kernel, traced=traced)
+    elif name == FA4_IMPLEMENTATION:
+        if not fa4_varlen_available():
+            raise RuntimeError(f"model.attn_implementation={FA4_IMPLEMENTATION} needs CUDA on Hopper (sm90) and "
+                               "FlashAttention-4: pip install flash-attn-4")
+        register(FA4_IMPLEMENTATION, fa4_kernel, traced=traced)
     return name
 
 

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 ATTN_IMPLEMENTATION = "agentrl_varlen"
 CUDNN_IMPLEMENTATION = "agentrl_varlen_cudnn"  # the same plumbing around `cudnn_attention.cudnn_kernel`
+FA4_IMPLEMENTATION = "agentrl_varlen_fa4"  # and around `fa4_attention.fa4_kernel`
 KV_INDEX = "agentrl_kv_index"  # the kwarg naming, for each gathered key, its position in the flat row
 
 # Implementations that read sample boundaries from the kwargs and so need the flat layout.
